@@ -1,0 +1,49 @@
+# EnvACE — the two commands a new user runs: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch 2.13.0 first: it is the CPU build found on our machines; a bare `torch` pulls CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+OUT ?= runs/local
+CONFIG ?= configs/local.yaml
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export DS_BUILD_OPS := 0
+
+.PHONY: run test lint typecheck unit venv install clean help
+
+help:
+	@echo "make run   - create .venv, install, run the whole method on CPU (configs/local.yaml) into $(OUT)"
+	@echo "make test  - create .venv, install test deps and tools, run ruff, mypy and the whole suite"
+
+$(VENV)/.stamp-base: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml
+	$(PIP) install -q -e ".[test,pipelines,deepspeed]"
+	touch $@
+
+venv: $(VENV)/.stamp-base
+
+run: $(VENV)/.stamp-base
+	$(VENV)/bin/envace run --config $(CONFIG) --out $(OUT)
+
+lint: $(VENV)/.stamp-test
+	$(VENV)/bin/ruff format --check envace pipelines tests bench
+	$(VENV)/bin/ruff check envace pipelines tests bench
+
+typecheck: $(VENV)/.stamp-test
+	$(VENV)/bin/mypy
+
+unit: $(VENV)/.stamp-test
+	$(VENV)/bin/pytest -q tests
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

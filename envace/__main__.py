@@ -1,0 +1,5 @@
+import sys
+
+from envace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""Types shared by the policy layer: tool calls, sampling parameters, generations, backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "ChatBackend",
+    "Generation",
+    "GenerationBackend",
+    "SamplingParams",
+    "ToolCall",
+]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed tool call: a tool name and its JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+    def to_message_dict(self, call_id: str) -> dict[str, Any]:
+        """The OpenAI chat `tool_calls` entry for this call."""
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature 0 means greedy decoding."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled continuation.
+
+    token_ids: the generated ids exactly as sampled, end-of-turn token included when it was
+        produced (this is what a training row trains on: no re-tokenisation).
+    logprobs: log-probability of each generated id under the sampling policy, same length.
+    text: token_ids decoded, special tokens removed.
+    finish_reason: "stop" (end-of-turn token) or "length" (hit max_new_tokens).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """Token-in / token-out generation: the policy's engine (transformers now; vLLM later)."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        """Continue each prompt (token ids) once. Same order as `prompts`."""
+        ...
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """Messages-in / text-out generation: an external simulator or a judge behind HTTP."""
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        params: SamplingParams,
+        response_format: dict[str, Any] | None = None,
+    ) -> str:
+        """Return the assistant message's text for one chat."""
+        ...
