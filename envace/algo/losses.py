@@ -194,16 +194,30 @@ def policy_loss(
             "response tokens); compute them or set kl_coef to 0"
         )
     if ref_logprobs is not None:
-        valid = mask.bool()
-        kl = kl_penalty(
-            _zero_masked(logprobs, valid), _zero_masked(ref_logprobs, valid), config.kl_kind
-        )
-        kl_loss = aggregate(kl, mask, config.loss_agg_mode)
+        # Only build a graph for the KL when it enters the loss; otherwise it is just a metric.
+        with torch.set_grad_enabled(torch.is_grad_enabled() and config.kl_coef > 0):
+            kl_loss = _kl_term(logprobs, ref_logprobs, mask, config)
         stats["kl"] = kl_loss.detach().item()
         if config.kl_coef > 0:
             loss = loss + config.kl_coef * kl_loss
     stats["loss"] = loss.detach().item()
     return loss, stats
+
+
+def _kl_term(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, config: LossConfig
+) -> torch.Tensor:
+    """Aggregated per-token KL to the reference, with the policy loss's aggregation."""
+    if ref_logprobs.shape != logprobs.shape:
+        raise ValueError(
+            f"ref_logprobs has shape {tuple(ref_logprobs.shape)}, expected "
+            f"{tuple(logprobs.shape)} (one value per response token)"
+        )
+    valid = mask.bool()
+    kl = kl_penalty(
+        _zero_masked(logprobs, valid), _zero_masked(ref_logprobs, valid), config.kl_kind
+    )
+    return aggregate(kl, mask, config.loss_agg_mode)
 
 
 def _zero_masked(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,157 @@
+"""Who writes a generation: the trained model, a frozen or remote model, or a scripted policy.
+
+Every policy answers `GenRequest`s. Model policies use the rendered `prompt_ids`; scripted
+policies (oracle, random) read the structured episode instead. The same interface serves the
+caller role and the simulator role.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from envace.policy.chat import ChatRenderer, format_assistant_response
+from envace.policy.types import (
+    ChatBackend,
+    Generation,
+    GenerationBackend,
+    SamplingParams,
+    ToolCall,
+)
+from envace.rollout.types import Role
+
+if TYPE_CHECKING:
+    from envace.rollout.engine import Episode
+
+__all__ = [
+    "ChatPolicy",
+    "GenRequest",
+    "ModelPolicy",
+    "OraclePolicy",
+    "Policy",
+    "RandomPolicy",
+]
+
+
+@dataclass
+class GenRequest:
+    """One generation an episode needs. `prompt_ids` is empty for policies without a renderer."""
+
+    role: Role
+    prompt_ids: list[int]
+    messages: list[dict[str, Any]]
+    episode: Episode
+
+
+class Policy(Protocol):
+    """Writes generations. `renderer` is None for policies that do not read token ids."""
+
+    renderer: ChatRenderer | None
+    trainable: bool
+
+    def generate(
+        self, requests: Sequence[GenRequest], params: SamplingParams
+    ) -> list[Generation]: ...
+
+
+def _text_generation(text: str, renderer: ChatRenderer | None) -> Generation:
+    """A scripted generation; tokenised with the renderer when there is one."""
+    ids: list[int] = []
+    if renderer is not None:
+        ids = [*renderer.encode(text), renderer.eos_id]
+    return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop")
+
+
+class ModelPolicy:
+    """A language model behind a token-level backend (transformers now, vLLM later)."""
+
+    def __init__(
+        self, backend: GenerationBackend, renderer: ChatRenderer, trainable: bool = True
+    ) -> None:
+        self.backend = backend
+        self.renderer: ChatRenderer | None = renderer
+        self.trainable = trainable
+
+    def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
+        return self.backend.generate([r.prompt_ids for r in requests], params)
+
+
+class ChatPolicy:
+    """A model behind an OpenAI-compatible endpoint (the external simulator baseline)."""
+
+    renderer: ChatRenderer | None = None
+    trainable = False
+
+    def __init__(self, client: ChatBackend) -> None:
+        self.client = client
+
+    def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
+        return [_text_generation(self.client.chat(r.messages, params), None) for r in requests]
+
+
+class OraclePolicy:
+    """Perfect play, for checking the pipeline end to end (it must score 1.0).
+
+    Caller: issues the current turn's expected calls one per message, then answers.
+    Simulator: executes the episode's calls on a private copy of the task's real world, so its
+    rehearsal equals the real result (rehearsal fidelity 1.0).
+    """
+
+    trainable = False
+
+    def __init__(self, renderer: ChatRenderer | None = None) -> None:
+        self.renderer = renderer
+
+    def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
+        return [_text_generation(self._text(r), self.renderer) for r in requests]
+
+    def _text(self, req: GenRequest) -> str:
+        ep = req.episode
+        if req.role is Role.CALLER:
+            expected = ep.task.turns[ep.turn].expected_calls
+            done = len(ep.turn_calls)
+            if done < len(expected):
+                nxt = expected[done]
+                return format_assistant_response("", [ToolCall(nxt.name, dict(nxt.arguments))])
+            return "Done."
+        result = ep.shadow_result()
+        return f"<execution_result>\n{json.dumps(result, ensure_ascii=False)}\n</execution_result>"
+
+
+class RandomPolicy:
+    """Uniformly random play: a floor for every metric (it should score about 0)."""
+
+    trainable = False
+
+    def __init__(self, seed: int = 0, renderer: ChatRenderer | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.renderer = renderer
+
+    def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
+        return [_text_generation(self._text(r), self.renderer) for r in requests]
+
+    def _value(self, schema: dict[str, Any]) -> Any:
+        kind = schema.get("type")
+        if "enum" in schema:
+            return self.rng.choice(schema["enum"])
+        if kind == "integer":
+            return self.rng.randint(0, 500)
+        if kind == "number":
+            return round(self.rng.uniform(0, 500), 2)
+        if kind == "boolean":
+            return self.rng.random() < 0.5
+        return "".join(self.rng.choice("abcdefgh0123456789-") for _ in range(6))
+
+    def _text(self, req: GenRequest) -> str:
+        if req.role is Role.SIMULATOR:
+            return '<execution_result>\n{"status": "ok"}\n</execution_result>'
+        if self.rng.random() < 0.3:
+            return "Done."
+
+        tool = self.rng.choice(req.episode.task.tools)["function"]
+        props = tool.get("parameters", {}).get("properties", {})
+        args = {k: self._value(v) for k, v in props.items()}
+        return format_assistant_response("", [ToolCall(tool["name"], args)])

@@ -1,0 +1,190 @@
+"""Where the object store is and how to talk to it: `S3Settings`.
+
+Values come, field by field, from an explicit config mapping (a YAML `storage.s3` section), then
+the `ENVACE_S3_*` environment variables, then the standard `AWS_*` names. In the cluster the
+credentials reach the pod as environment variables from a Kubernetes Secret (`envFrom`), so
+secrets never sit in a config file or in code. `repr()` masks them and nothing here logs them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from envace.errors import ConfigError, UserInputError
+
+__all__ = ["ENV_VARS", "S3Settings"]
+
+MiB = 1024 * 1024
+
+# field -> environment variables that may set it, in priority order.
+ENV_VARS: dict[str, tuple[str, ...]] = {
+    "endpoint": ("ENVACE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "access_key": ("ENVACE_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID"),
+    "secret_key": ("ENVACE_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"),
+    "session_token": ("ENVACE_S3_SESSION_TOKEN", "AWS_SESSION_TOKEN"),
+    "region": ("ENVACE_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION"),
+    "secure": ("ENVACE_S3_SECURE",),
+}
+_SECRET_FIELDS = ("access_key", "secret_key", "session_token")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{where}={value!r} is not a boolean: use true or false")
+
+
+def _split_endpoint(endpoint: str, where: str) -> tuple[str, bool | None]:
+    """`http://host:port` -> ("host:port", False); a bare `host:port` -> (it, None)."""
+    if "://" not in endpoint:
+        host, scheme_secure = endpoint, None
+    else:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
+            raise ConfigError(
+                f"{where}={endpoint!r}: give host:port or http(s)://host:port, without a path"
+            )
+        host, scheme_secure = parts.netloc, parts.scheme == "https"
+    if not host or "/" in host or "@" in host:
+        raise ConfigError(f"{where}={endpoint!r}: give host:port or http(s)://host:port")
+    return host, scheme_secure
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Connection settings of an S3-protocol store (MinIO, AWS S3, or the test server).
+
+    endpoint: `host:port`; an `http://` / `https://` prefix sets `secure`.
+    secure: TLS on (default) or off. In-cluster MinIO is usually plain HTTP: set it false.
+    cert_check: verify the server certificate when `secure` (turn off only for self-signed tests).
+    region: bucket region; None asks the server once per bucket (MinIO answers us-east-1).
+    connect_timeout_s / read_timeout_s: per HTTP request; they bound how long one attempt can
+        hang before the retry policy takes over.
+    part_size: multipart part size in bytes (>= 5 MiB). Peak upload memory is about
+        (parallel_uploads + 1) * part_size, whatever the file size.
+    parallel_uploads: parts in flight at once for one file.
+    """
+
+    endpoint: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    region: str | None = None
+    secure: bool = True
+    cert_check: bool = True
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 120.0
+    part_size: int = 64 * MiB
+    parallel_uploads: int = 3
+
+    def __post_init__(self) -> None:
+        if self.part_size < 5 * MiB or self.part_size > 5 * 1024 * MiB:
+            raise ConfigError(f"storage.s3.part_size={self.part_size}: must be 5 MiB .. 5 GiB")
+        if self.parallel_uploads < 1:
+            raise ConfigError(f"storage.s3.parallel_uploads={self.parallel_uploads}: must be >= 1")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ConfigError("storage.s3 timeouts must be > 0 seconds")
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _SECRET_FIELDS and value is not None:
+                value = "***"
+            shown.append(f"{f.name}={value!r}")
+        return f"S3Settings({', '.join(shown)})"
+
+    __str__ = __repr__
+
+    @property
+    def endpoint_url(self) -> str:
+        """The endpoint as a URL, for messages (`http://127.0.0.1:9000`)."""
+        return f"{'https' if self.secure else 'http'}://{self.endpoint or '<unset>'}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
+        """Settings from `ENVACE_S3_*`, falling back to the standard `AWS_*` variables."""
+        return cls.resolve(None, env)
+
+    @classmethod
+    def resolve(
+        cls,
+        config: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        key_path: str = "storage.s3",
+    ) -> S3Settings:
+        """Merge a config mapping over the environment, field by field (config wins)."""
+        env = os.environ if env is None else env
+        config = dict(config or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ConfigError(
+                f"{key_path}: unknown key(s) {unknown}; known keys: {sorted(known)}"
+            )
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for name in known:
+            if config.get(name) is not None:
+                values[name], origin[name] = config[name], f"{key_path}.{name}"
+                continue
+            for var in ENV_VARS.get(name, ()):
+                if env.get(var):
+                    values[name], origin[name] = env[var], var
+                    break
+        return cls._build(values, origin)
+
+    @classmethod
+    def _build(cls, values: dict[str, Any], origin: dict[str, str]) -> S3Settings:
+        secure_set = "secure" in values
+        if secure_set:
+            values["secure"] = _parse_bool(values["secure"], origin["secure"])
+        if "cert_check" in values:
+            values["cert_check"] = _parse_bool(values["cert_check"], origin["cert_check"])
+        if values.get("endpoint"):
+            host, scheme_secure = _split_endpoint(str(values["endpoint"]), origin["endpoint"])
+            values["endpoint"] = host
+            if scheme_secure is not None:
+                if secure_set and values["secure"] != scheme_secure:
+                    raise ConfigError(
+                        f"{origin['endpoint']} says {'https' if scheme_secure else 'http'} but"
+                        f" {origin['secure']}={values['secure']}: make them agree"
+                    )
+                values["secure"] = scheme_secure
+        for name in ("connect_timeout_s", "read_timeout_s"):
+            if name in values:
+                values[name] = float(values[name])
+        for name in ("part_size", "parallel_uploads"):
+            if name in values:
+                values[name] = int(values[name])
+        return cls(**values)
+
+    def require(self, uri: str) -> S3Settings:
+        """Self when endpoint and credentials are set, else a UserInputError naming the fix."""
+        missing = [
+            f"{name} ({' or '.join(ENV_VARS[name])})"
+            for name in ("endpoint", "access_key", "secret_key")
+            if not getattr(self, name)
+        ]
+        if missing:
+            raise UserInputError(
+                f"cannot open {uri}: no S3 {', '.join(missing)} configured. Set these environment"
+                " variables (in a cluster: from a Secret through envFrom) or the storage.s3 config"
+            )
+        return self
+
+    def with_overrides(self, **changes: Any) -> S3Settings:
+        """A copy with some fields changed (tests and benchmarks tune timeouts and part size)."""
+        return replace(self, **changes)
