@@ -36,7 +36,9 @@ _TOOLS = [
         "authenticate", "Log a customer in with their PIN.", {"customer": _NAME, "pin": _PIN}
     ),
     function_tool(
-        "list_accounts", "List the accounts (id, type) of a logged-in customer.", {"customer": _NAME}
+        "list_accounts",
+        "List the accounts (id, type) of a logged-in customer.",
+        {"customer": _NAME},
     ),
     function_tool(
         "get_balance",

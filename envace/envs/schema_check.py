@@ -94,7 +94,9 @@ class ToolTable:
     ) -> None:
         names = [str(tool["function"]["name"]) for tool in tools]
         if sorted(names) != sorted(handlers):
-            raise ValueError(f"{world}: tool schemas {names} and handlers {sorted(handlers)} differ")
+            raise ValueError(
+                f"{world}: tool schemas {names} and handlers {sorted(handlers)} differ"
+            )
         for tool in tools:
             Draft202012Validator.check_schema(tool["function"]["parameters"])
         self._world = world

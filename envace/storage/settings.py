@@ -131,9 +131,7 @@ class S3Settings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(config) - known)
         if unknown:
-            raise ConfigError(
-                f"{key_path}: unknown key(s) {unknown}; known keys: {sorted(known)}"
-            )
+            raise ConfigError(f"{key_path}: unknown key(s) {unknown}; known keys: {sorted(known)}")
         values: dict[str, Any] = {}
         origin: dict[str, str] = {}
         for name in known:

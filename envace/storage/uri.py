@@ -51,8 +51,10 @@ class StoreURI:
     def __str__(self) -> str:
         if self.scheme == "file":
             return self.path
-        return f"{self.scheme}://{self.bucket}/{self.key}" if self.key else (
-            f"{self.scheme}://{self.bucket}"
+        return (
+            f"{self.scheme}://{self.bucket}/{self.key}"
+            if self.key
+            else (f"{self.scheme}://{self.bucket}")
         )
 
     @property

@@ -359,7 +359,9 @@ def read_reference(path: str | os.PathLike[str], *, skip_invalid: bool = False) 
                 raise
             skipped.append(err)
     if skipped:
-        logger.warning("%s: skipped %d invalid record(s), imported %d", file, len(skipped), len(tasks))
+        logger.warning(
+            "%s: skipped %d invalid record(s), imported %d", file, len(skipped), len(tasks)
+        )
     return LoadResult(tasks=tasks, skipped=skipped)
 
 

@@ -4,7 +4,8 @@ Validation is the JSON schema shipped in `envace/tasks/schema/` plus the checks 
 express: unique ids, checklist weights summing to 1, expected calls that match a tool and its
 parameter schema, a known environment, at least one way to grade the task. Every problem becomes
 a `TaskFormatError` naming the file, the line, the task id and the field path, e.g.
-`tasks.jsonl:17 (id=bank-3): turns[1].checklist[0].weight: weights of turn 1 sum to 0.8, expected 1`.
+`tasks.jsonl:17 (id=bank-3): turns[1].checklist[0].weight: weights of turn 1 sum to 0.8,
+expected 1`.
 
 jsonschema is imported on first validation, not at import time, so `envace --help` and
 `import envace.tasks` stay fast.
@@ -165,66 +166,62 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# JSON schema errors -> (extra path parts, message); one describer per schema keyword.
+# JSON schema errors -> (extra path parts, message); one describer per schema keyword, each
+# called with the failing instance, the keyword's value and the schema that holds the keyword.
 
 _Described = tuple[list[str | int], str]
 
 
-def _describe_required(error: ValidationError) -> _Described:
-    instance = error.instance if isinstance(error.instance, dict) else {}
-    missing = [key for key in error.validator_value if key not in instance]
+def _describe_required(instance: Any, value: Any, schema: Any) -> _Described:
+    present = instance if isinstance(instance, dict) else {}
+    missing = [key for key in value if key not in present]
     return [missing[0]] if missing else [], "required key is missing"
 
 
-def _describe_additional(error: ValidationError) -> _Described:
-    allowed = sorted(error.schema.get("properties", {}))
-    extra = sorted(key for key in error.instance if key not in allowed)
+def _describe_additional(instance: Any, value: Any, schema: Any) -> _Described:
+    allowed = sorted(schema.get("properties", {}))
+    extra = sorted(key for key in instance if key not in allowed)
     return [extra[0]] if extra else [], f"unknown key (allowed: {', '.join(allowed)})"
 
 
-def _describe_type(error: ValidationError) -> _Described:
-    expected = error.validator_value
-    wanted = expected if isinstance(expected, str) else " or ".join(expected)
-    return [], f"expected {wanted}, got {json_type_name(error.instance)}"
+def _describe_type(instance: Any, value: Any, schema: Any) -> _Described:
+    wanted = value if isinstance(value, str) else " or ".join(value)
+    return [], f"expected {wanted}, got {json_type_name(instance)}"
 
 
-def _describe_enum(error: ValidationError) -> _Described:
-    options = ", ".join(_short(v) for v in error.validator_value)
-    return [], f"{_short(error.instance)} is not one of {options}"
+def _describe_enum(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"{_short(instance)} is not one of {', '.join(_short(v) for v in value)}"
 
 
-def _describe_const(error: ValidationError) -> _Described:
-    return [], f"must be {_short(error.validator_value)}, got {_short(error.instance)}"
+def _describe_const(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"must be {_short(value)}, got {_short(instance)}"
 
 
-def _describe_min_length(error: ValidationError) -> _Described:
-    if error.validator_value == 1:
-        return [], "must not be empty"
-    return [], f"must be at least {error.validator_value} characters long"
+def _describe_min_length(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], "must not be empty" if value == 1 else f"must be at least {value} characters long"
 
 
-def _describe_max_length(error: ValidationError) -> _Described:
-    return [], f"is {len(error.instance)} characters long, at most {error.validator_value} allowed"
+def _describe_max_length(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"is {len(instance)} characters long, at most {value} allowed"
 
 
-def _describe_min_items(error: ValidationError) -> _Described:
-    count = error.validator_value
-    return [], f"must have at least {count} item{'' if count == 1 else 's'}"
+def _describe_min_items(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"must have at least {value} item{'' if value == 1 else 's'}"
 
 
-def _describe_pattern(error: ValidationError) -> _Described:
-    return [], f"{_short(error.instance)} does not match the pattern {error.validator_value}"
+def _describe_pattern(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"{_short(instance)} does not match the pattern {value}"
 
 
-def _describe_minimum(error: ValidationError) -> _Described:
-    return [], f"{error.instance} is below the minimum {error.validator_value}"
+def _describe_minimum(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"{instance} is below the minimum {value}"
 
 
-def _describe_maximum(error: ValidationError) -> _Described:
-    return [], f"{error.instance} is above the maximum {error.validator_value}"
+def _describe_maximum(instance: Any, value: Any, schema: Any) -> _Described:
+    return [], f"{instance} is above the maximum {value}"
 
 
-_DESCRIBERS: dict[str, Callable[[ValidationError], _Described]] = {
+_DESCRIBERS: dict[str, Callable[[Any, Any, Any], _Described]] = {
     "required": _describe_required,
     "additionalProperties": _describe_additional,
     "type": _describe_type,
@@ -241,7 +238,12 @@ _DESCRIBERS: dict[str, Callable[[ValidationError], _Described]] = {
 
 def _problem_from_schema_error(error: ValidationError, base: str = "") -> TaskProblem:
     describer = _DESCRIBERS.get(str(error.validator))
-    extra, message = describer(error) if describer else ([], _one_line(error.message))
+    described: _Described = (
+        ([], _one_line(error.message))
+        if describer is None
+        else describer(error.instance, error.validator_value, error.schema)
+    )
+    extra, message = described
     return TaskProblem(format_path([*error.absolute_path, *extra], base), message)
 
 

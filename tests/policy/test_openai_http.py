@@ -115,7 +115,10 @@ def test_429_is_retried(server: fake.FakeOpenAI) -> None:
 
 def test_retries_exhausted_gives_a_clear_error(server: fake.FakeOpenAI) -> None:
     server.queue(*[fake.error(500, "model crashed")] * 10)
-    with make_client(server.base_url, max_retries=2) as client, pytest.raises(ChatRequestError) as e:
+    with (
+        make_client(server.base_url, max_retries=2) as client,
+        pytest.raises(ChatRequestError) as e,
+    ):
         client.chat(MESSAGES, PARAMS)
     assert server.request_count == 3
     err = e.value

@@ -1,0 +1,64 @@
+"""Turn graders for the rollout engine: rules where the task has expected calls, the checklist
+judge where it has a checklist (rules take precedence when a turn has both)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from envace.reward.rules import turn_score_rules
+from envace.rollout.engine import TurnContext, TurnGrade
+from envace.tasks.model import ChecklistItem
+
+__all__ = ["ChecklistGrader", "TaskGrader", "split_steps"]
+
+
+class ChecklistGrader(Protocol):
+    """Grades many turns' checklists at once (an LLM judge behind HTTP)."""
+
+    def grade_turns(
+        self,
+        items: Sequence[Sequence[ChecklistItem]],
+        previous: Sequence[Sequence[dict[str, Any]]],
+        steps: Sequence[Sequence[Sequence[dict[str, Any]]]],
+    ) -> list[TurnGrade]: ...
+
+
+def split_steps(turn_messages: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Group a turn's messages (after its user message) into steps: an assistant message and the
+    tool messages that answer it."""
+    steps: list[list[dict[str, Any]]] = []
+    for msg in turn_messages:
+        if msg.get("role") == "assistant" or not steps:
+            steps.append([msg])
+        else:
+            steps[-1].append(msg)
+    return steps
+
+
+class TaskGrader:
+    """The engine's `TurnGrader`: expected calls by rules; checklists by `judge` (if given)."""
+
+    def __init__(self, judge: ChecklistGrader | None = None) -> None:
+        self.judge = judge
+
+    def grade(self, contexts: Sequence[TurnContext]) -> list[TurnGrade]:
+        grades: list[TurnGrade | None] = [None] * len(contexts)
+        judged: list[int] = []
+        for i, ctx in enumerate(contexts):
+            turn = ctx.task.turns[ctx.turn]
+            if turn.expected_calls or not turn.checklist:
+                grades[i] = TurnGrade(turn_score_rules(turn, ctx.calls))
+            elif self.judge is None:
+                grades[i] = TurnGrade(None)  # a checklist with no judge: unscored, never 0
+            else:
+                judged.append(i)
+        if judged and self.judge is not None:
+            results = self.judge.grade_turns(
+                [contexts[i].task.turns[contexts[i].turn].checklist for i in judged],
+                [contexts[i].messages[: contexts[i].turn_start] for i in judged],
+                [split_steps(contexts[i].messages[contexts[i].turn_start + 1 :]) for i in judged],
+            )
+            for i, g in zip(judged, results, strict=True):
+                grades[i] = g
+        return [g if g is not None else TurnGrade(None) for g in grades]
