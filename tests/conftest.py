@@ -25,3 +25,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_CORPUS = [
+    "<|im_start|>user\nMove 50 dollars from ACC-1 to ACC-2<|im_end|>\n<|im_start|>assistant\n"
+    '<tool_call>\n{"name": "transfer", "arguments": {"amount": 50, "to": "ACC-2"}}\n</tool_call>'
+    "<|im_end|>\n",
+    '<tool_response>\n{"ok":true,"balance":120}\n</tool_response>',
+    '<execution_result>\n{"status": "ok", "id": "ORD-7"}\n</execution_result>',
+    "Candidate tools (whitelist): Current conversation history: User: Assistant: Tool[",
+    "You are a precise tool simulator. # Tools You may call one or more functions",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():  # type: ignore[no-untyped-def]
+    """A byte-level BPE tokenizer trained in ~1 s with the project's chat template."""
+    from envace.policy.tiny import build_tokenizer
+
+    return build_tokenizer(_CORPUS * 20, vocab_size=600)
+
+
+@pytest.fixture(scope="session")
+def micro_model(tiny_tokenizer):  # type: ignore[no-untyped-def]
+    """A randomly initialised 2-layer Qwen3 model (the `test-micro` preset)."""
+    from envace.policy.tiny import build_tiny_model
+
+    return build_tiny_model(tiny_tokenizer, "test-micro", seed=0)

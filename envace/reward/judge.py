@@ -365,42 +365,68 @@ class ChecklistJudge:
     def grade_turns(self, turns: Sequence[TurnToGrade]) -> list[TurnJudgement]:
         """Grade many turns (e.g. every episode that finished a turn at this rollout step) with
         one concurrent batch of judge calls. Results are in the order of `turns`."""
-        queries = [q for t, turn in enumerate(turns) for q in _queries(t, turn)]
+        views = [_step_views(turn) for turn in turns]
+        queries = [q for t, turn in enumerate(turns) for q in _queries(t, turn, views[t])]
         asked = [q for q in queries if q.prompt is not None]
         replies = self.client.chat_many(
             [[{"role": "user", "content": q.prompt}] for q in asked],
             self.params,
             self.response_format,
         )
-        verdicts: dict[tuple[int, int, int], bool | str] = {}
-        for q in queries:
-            verdicts[(q.turn, q.step, q.item)] = False  # shortcut cells; asked ones overwritten
+        # Shortcut cells are False; asked cells get the parsed answer or the failure reason.
+        verdicts: dict[tuple[int, int, int], bool | str] = {
+            (q.turn, q.step, q.item): False for q in queries
+        }
         for q, reply in zip(asked, replies, strict=True):
             verdicts[(q.turn, q.step, q.item)] = _verdict(reply)
         asked_per_turn = Counter(q.turn for q in asked)
-        return [_judgement(t, turn, verdicts, asked_per_turn[t]) for t, turn in enumerate(turns)]
+        return [
+            _judgement(t, turn, len(views[t]), verdicts, asked_per_turn[t])
+            for t, turn in enumerate(turns)
+        ]
 
 
-def _queries(t: int, turn: TurnToGrade) -> list[_Query]:
+@dataclass(frozen=True)
+class _StepView:
+    """What the judge sees at one assistant step: the turn so far, and the step's tool replies."""
+
+    current: list[Message]
+    tool_responses: list[Message]
+
+
+def _step_views(turn: TurnToGrade) -> list[_StepView]:
+    """One view per assistant step. A group without an assistant message (say, the user message
+    on its own) is context for the next step rather than a step."""
     ids = [item.id for item in turn.items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"checklist item ids must be unique within a turn, got {ids}")
-    queries: list[_Query] = []
+    views: list[_StepView] = []
     current: list[Message] = []
     for s, group in enumerate(turn.steps):
-        at = _assistant_index(group)
-        if at is None:
+        current.extend(group)
+        roles = [m.get("role") for m in group]
+        if roles.count("assistant") > 1:
             raise ValueError(
-                f"step {s} of the turn has no assistant message; "
+                f"step group {s} holds {roles.count('assistant')} assistant messages; "
                 "group the turn's messages with split_turn_steps"
             )
-        current.extend(group)
-        call_error = _has_call_error(group[at + 1 :])
+        at = _assistant_index(group)
+        if at is not None:
+            views.append(_StepView(list(current), list(group[at + 1 :])))
+    if turn.steps and _assistant_index(turn.steps[-1]) is None:
+        raise ValueError("the last step group of the turn has no assistant message")
+    return views
+
+
+def _queries(t: int, turn: TurnToGrade, views: Sequence[_StepView]) -> list[_Query]:
+    queries: list[_Query] = []
+    for s, view in enumerate(views):
+        call_error = _has_call_error(view.tool_responses)
         for k, item in enumerate(turn.items):
             if call_error and item.focus_on in _SHORTCUT_FOCUS:
                 queries.append(_Query(t, s, k, None))
             else:
-                prompt = build_judge_prompt(item, turn.previous_messages, current)
+                prompt = build_judge_prompt(item, turn.previous_messages, view.current)
                 queries.append(_Query(t, s, k, prompt))
     return queries
 
@@ -416,13 +442,17 @@ def _verdict(reply: str | ChatError) -> bool | str:
 
 
 def _judgement(
-    t: int, turn: TurnToGrade, verdicts: dict[tuple[int, int, int], bool | str], asked: int
+    t: int,
+    turn: TurnToGrade,
+    n_steps: int,
+    verdicts: dict[tuple[int, int, int], bool | str],
+    asked: int,
 ) -> TurnJudgement:
     by_step: dict[str, tuple[bool | None, ...]] = {}
     errors: list[str] = []
     for k, item in enumerate(turn.items):
         cells: list[bool | None] = []
-        for s in range(len(turn.steps)):
+        for s in range(n_steps):
             verdict = verdicts[(t, s, k)]
             if isinstance(verdict, str):
                 errors.append(f"item {item.id} at step {s + 1}: {verdict}")

@@ -1,0 +1,119 @@
+{{/* Chart name, overridable. */}}
+{{- define "envace.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Object-name prefix: the release name, plus the chart name unless the release already contains it. */}}
+{{- define "envace.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "envace.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object; "component" is passed as the second list element. */}}
+{{- define "envace.labels" -}}
+{{- $root := index . 0 }}
+helm.sh/chart: {{ include "envace.chart" $root }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+app.kubernetes.io/part-of: envace
+app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
+{{ include "envace.selectorLabels" . }}
+{{- with $root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "envace.selectorLabels" -}}
+{{- $root := index . 0 }}
+app.kubernetes.io/name: {{ include "envace.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "envace.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "envace.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "envace.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "envace.minio.fullname" -}}
+{{- printf "%s-minio" (include "envace.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Secret with the application store credentials (pods, KFP launcher). */}}
+{{- define "envace.store.secretName" -}}
+{{- default (printf "%s-store" (include "envace.fullname" .)) .Values.store.credentials.existingSecret }}
+{{- end }}
+
+{{/* Secret with the MinIO root credentials (MinIO, bucket init). */}}
+{{- define "envace.minio.rootSecretName" -}}
+{{- default (printf "%s-minio-root" (include "envace.fullname" .)) .Values.minio.auth.existingSecret }}
+{{- end }}
+
+{{/* host:port of the store, in-cluster. */}}
+{{- define "envace.store.endpoint" -}}
+{{- if .Values.minio.enabled }}
+{{- printf "%s.%s.svc:%v" (include "envace.minio.fullname" .) .Release.Namespace .Values.minio.service.port }}
+{{- else }}
+{{- required "store.externalEndpoint is required when minio.enabled=false: set it to the host:port of your MinIO / S3 endpoint" .Values.store.externalEndpoint }}
+{{- end }}
+{{- end }}
+
+{{- define "envace.store.scheme" -}}
+{{- ternary "https" "http" .Values.store.secure }}
+{{- end }}
+
+{{- define "envace.runtime.storeUri" -}}
+{{- default (printf "minio://%s/runs" .Values.store.bucket) .Values.runtime.storeUri }}
+{{- end }}
+
+{{/* ENVACE_S3_* variables: the artifact-store contract of every EnvACE container. */}}
+{{- define "envace.store.env" -}}
+- name: ENVACE_S3_ENDPOINT
+  value: {{ include "envace.store.endpoint" . | quote }}
+- name: ENVACE_S3_REGION
+  value: {{ .Values.store.region | quote }}
+- name: ENVACE_S3_SECURE
+  value: {{ .Values.store.secure | quote }}
+- name: ENVACE_S3_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "envace.store.secretName" . }}
+      key: {{ .Values.store.credentials.accessKeyKey }}
+- name: ENVACE_S3_SECRET_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "envace.store.secretName" . }}
+      key: {{ .Values.store.credentials.secretKeyKey }}
+{{- end }}
+
+{{/*
+Reuse a value of a Secret this chart created earlier, so random credentials survive `helm upgrade`;
+otherwise generate one. Arguments: (list $ secretName key length).
+*/}}
+{{- define "envace.secretValue" -}}
+{{- $root := index . 0 }}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace (index . 1) }}
+{{- if and $existing (hasKey (default dict $existing.data) (index . 2)) }}
+{{- index $existing.data (index . 2) | b64dec }}
+{{- else }}
+{{- randAlphaNum (index . 3) }}
+{{- end }}
+{{- end }}
