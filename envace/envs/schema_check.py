@@ -8,6 +8,8 @@ real API answers 400) and an unknown tool with `UNKNOWN_TOOL`. Nothing is ever e
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +41,19 @@ _TYPE_CHECKER = Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict
 _StrictValidator = jsonschema.validators.extend(Draft202012Validator, type_checker=_TYPE_CHECKER)
 
 
+@functools.lru_cache(maxsize=256)
+def _cached_validator(schema_json: str) -> Any:
+    schema = json.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return _StrictValidator(schema)
+
+
+def _validator_for(schema: Mapping[str, Any]) -> Any:
+    """A checked validator for `schema`; checking a schema costs far more than using it, and
+    every episode builds a fresh world from the same few schemas, so validators are shared."""
+    return _cached_validator(json.dumps(schema, sort_keys=True))
+
+
 def function_tool(
     name: str,
     description: str,
@@ -67,8 +82,7 @@ def _error_line(error: ValidationError) -> str:
 
 def argument_errors(parameters: Mapping[str, Any], arguments: Any) -> list[str]:
     """Every way `arguments` breaks the `parameters` schema, one short line each, sorted."""
-    validator = _StrictValidator(dict(parameters))
-    return sorted(_error_line(e) for e in validator.iter_errors(arguments))
+    return sorted(_error_line(e) for e in _validator_for(parameters).iter_errors(arguments))
 
 
 def check_state_shape(world: str, schema: Mapping[str, Any], state: Any) -> None:
@@ -97,13 +111,11 @@ class ToolTable:
             raise ValueError(
                 f"{world}: tool schemas {names} and handlers {sorted(handlers)} differ"
             )
-        for tool in tools:
-            Draft202012Validator.check_schema(tool["function"]["parameters"])
         self._world = world
         self._tools = copy.deepcopy(list(tools))
         self._handlers = dict(handlers)
         self._validators = {
-            str(tool["function"]["name"]): _StrictValidator(tool["function"]["parameters"])
+            str(tool["function"]["name"]): _validator_for(tool["function"]["parameters"])
             for tool in tools
         }
 
@@ -118,7 +130,8 @@ class ToolTable:
             return tool_error(
                 "UNKNOWN_TOOL", f"{self._world} has no tool {name!r}; available: {known}"
             )
-        errors = sorted(_error_line(e) for e in self._validators[name].iter_errors(arguments))
+        validator = self._validators[name]
+        errors = sorted(_error_line(e) for e in validator.iter_errors(arguments))
         if errors:
             return tool_error(
                 "INVALID_ARGUMENTS", f"arguments of {name} break its schema", errors=errors

@@ -128,7 +128,8 @@ class TurnToGrade:
     steps: one group of messages per assistant step, in order. A group holds the messages that
         lead up to the step's assistant message (for the first step: the user message), the
         assistant message itself, then the tool responses to its calls. `split_turn_steps`
-        builds the groups from a flat list of the turn's messages.
+        builds the groups from a flat list of the turn's messages. A group without an assistant
+        message (the user message on its own) is context for the next step.
     """
 
     items: Sequence[ChecklistItem]

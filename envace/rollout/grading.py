@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from envace.reward.judge import ChecklistJudge, TurnToGrade, split_turn_steps
 from envace.reward.rules import turn_score_rules
 from envace.rollout.engine import TurnContext, TurnGrade
 from envace.tasks.model import ChecklistItem
 
-__all__ = ["ChecklistGrader", "TaskGrader", "split_steps"]
+__all__ = ["ChecklistGrader", "JudgeGrader", "TaskGrader"]
 
 
 class ChecklistGrader(Protocol):
@@ -24,16 +25,20 @@ class ChecklistGrader(Protocol):
     ) -> list[TurnGrade]: ...
 
 
-def split_steps(turn_messages: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Group a turn's messages (after its user message) into steps: an assistant message and the
-    tool messages that answer it."""
-    steps: list[list[dict[str, Any]]] = []
-    for msg in turn_messages:
-        if msg.get("role") == "assistant" or not steps:
-            steps.append([msg])
-        else:
-            steps[-1].append(msg)
-    return steps
+class JudgeGrader:
+    """`ChecklistGrader` over the checklist LLM judge (one batch of judge calls per phase)."""
+
+    def __init__(self, judge: ChecklistJudge) -> None:
+        self.judge = judge
+
+    def grade_turns(
+        self,
+        items: Sequence[Sequence[ChecklistItem]],
+        previous: Sequence[Sequence[dict[str, Any]]],
+        steps: Sequence[Sequence[Sequence[dict[str, Any]]]],
+    ) -> list[TurnGrade]:
+        batch = [TurnToGrade(i, p, s) for i, p, s in zip(items, previous, steps, strict=True)]
+        return [TurnGrade(j.score, stop=j.required_failed) for j in self.judge.grade_turns(batch)]
 
 
 class TaskGrader:
@@ -57,7 +62,7 @@ class TaskGrader:
             results = self.judge.grade_turns(
                 [contexts[i].task.turns[contexts[i].turn].checklist for i in judged],
                 [contexts[i].messages[: contexts[i].turn_start] for i in judged],
-                [split_steps(contexts[i].messages[contexts[i].turn_start + 1 :]) for i in judged],
+                [split_turn_steps(contexts[i].messages[contexts[i].turn_start :]) for i in judged],
             )
             for i, g in zip(judged, results, strict=True):
                 grades[i] = g

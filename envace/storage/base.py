@@ -96,6 +96,10 @@ class ArtifactStore(Protocol):
         """Copy one object (server-side on S3)."""
         ...
 
+    def delete(self, key: str) -> bool:
+        """Delete one object; return whether it existed."""
+        ...
+
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under the folder `prefix`; return how many were deleted."""
         ...

@@ -12,6 +12,7 @@ from envace.errors import UserInputError
 
 __all__ = [
     "ArtifactIntegrityError",
+    "ArtifactNotFoundError",
     "InvalidKeyError",
     "ObjectNotFoundError",
     "StoreAccessError",
@@ -25,7 +26,7 @@ class StoreError(UserInputError):
 
 
 class InvalidKeyError(StoreError):
-    """An object key or URI is malformed or hostile (`..`, absolute, control characters, too long)."""
+    """A key or URI is malformed or hostile (`..`, absolute, control characters, too long)."""
 
 
 class StoreAccessError(StoreError):
@@ -42,3 +43,7 @@ class ObjectNotFoundError(StoreError):
 
 class ArtifactIntegrityError(StoreError):
     """An artifact is missing, partial (no manifest) or corrupt (size or sha256 mismatch)."""
+
+
+class ArtifactNotFoundError(ArtifactIntegrityError):
+    """Nothing at all is stored at an artifact URI (as opposed to a partial or corrupt one)."""

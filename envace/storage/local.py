@@ -89,9 +89,16 @@ class LocalStore:
 
     def copy(self, src_key: str, dst_key: str) -> None:
         src_path = self._existing(src_key)
-        with open(src_path, "rb") as src, atomic_target(self.path(dst_key)) as tmp:
-            with open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1024 * 1024)
+        dest = self.path(dst_key)
+        with open(src_path, "rb") as src, atomic_target(dest) as tmp, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1024 * 1024)
+
+    def delete(self, key: str) -> bool:
+        path = self.path(key)
+        if not path.is_file():
+            return False
+        path.unlink()
+        return True
 
     def delete_prefix(self, prefix: str) -> int:
         base = self.path(prefix)

@@ -120,7 +120,7 @@ def parse_uri(uri: str) -> StoreURI:
     if not uri or not uri.strip():
         raise UserInputError("empty artifact URI: give a local path, minio://bucket/key or s3://")
     if _has_control_char(uri):
-        raise InvalidKeyError(f"artifact URI {ascii(uri)} contains a control character")
+        raise InvalidKeyError(f"artifact URI {uri!a} contains a control character")
     match = _SCHEME_RE.match(uri)
     if match is None:
         return StoreURI(scheme="file", path=os.path.abspath(uri))

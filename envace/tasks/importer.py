@@ -103,8 +103,16 @@ def _read_text(path: Path, file: str) -> str:
         raise TaskFormatError(file, None, None, "", f"cannot read the file: {reason}") from exc
     except UnicodeDecodeError as exc:
         raise TaskFormatError(
-            file, None, None, "", f"not valid UTF-8 (byte {exc.start}); save the file as UTF-8"
+            file, None, None, "", f"not valid UTF-8 at byte {exc.start + 1}; save the file as UTF-8"
         ) from exc
+
+
+def _single_json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = parse_json_strict(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _iter_records(path: Path, file: str) -> Iterator[tuple[int, int | None, Any]]:
@@ -114,7 +122,8 @@ def _iter_records(path: Path, file: str) -> Iterator[tuple[int, int | None, Any]
             yield index, None, row
         return
     text = _read_text(path, file)
-    if text.lstrip().startswith("["):
+    start = text.lstrip()[:1]
+    if start == "[":
         try:
             records = parse_json_strict(text)
         except ValueError as exc:
@@ -122,12 +131,18 @@ def _iter_records(path: Path, file: str) -> Iterator[tuple[int, int | None, Any]
         for index, record in enumerate(records):
             yield index, None, record
         return
+    if start == "{":
+        single = _single_json_object(text)
+        if single is not None:  # one (possibly pretty-printed) record, not JSON Lines
+            yield 0, None, single
+            return
     lines = (line for line in enumerate(text.split("\n"), start=1) if line[1].strip())
     for index, (lineno, line) in enumerate(lines):
         try:
             yield index, lineno, parse_json_strict(line)
         except ValueError as exc:
-            yield index, lineno, TaskFormatError(file, lineno, None, "", f"not valid JSON: {exc}")
+            error = f"not valid JSON: {exc}"
+            yield index, lineno, TaskFormatError(file, lineno, None, "", error, record=index)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -350,7 +350,7 @@ def _checklist_problems(turn_index: int, items: list[dict[str, Any]]) -> Iterato
         # Written as "not <=" so that a NaN total is reported too.
         if not abs(total - 1.0) <= WEIGHT_TOLERANCE:
             yield TaskProblem(
-                f"{base}[0].weight", f"weights of turn {turn_index} sum to {total:.6g}, expected 1"
+                f"{base}[0].weight", f"weights of turn {turn_index} sum to {total:.10g}, expected 1"
             )
 
 
@@ -537,9 +537,11 @@ def _decode_line(raw: bytes, lineno: int) -> Any:
     """The JSON value of one line; raises ValueError with a one-line reason."""
     try:
         # A byte order mark is legal at the very start of a UTF-8 file and nowhere else.
-        text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        text = raw.rstrip(b"\r\n").decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from exc
+        raise ValueError(
+            f"not valid UTF-8 at byte {exc.start + 1} of the line; save the file as UTF-8"
+        ) from exc
     try:
         return parse_json_strict(text)
     except ValueError as exc:

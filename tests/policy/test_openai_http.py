@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,8 @@ def _load_helper(name: str) -> ModuleType:
 
 
 fake = _load_helper("fake_openai")
+# The helper is loaded by path, so type checkers cannot see its classes.
+Server = Any
 
 PARAMS = SamplingParams(max_new_tokens=64, temperature=0.6, top_p=0.8)
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -51,7 +54,7 @@ SECRET = "sk-test-very-secret-0123456789"
 
 
 @pytest.fixture
-def server() -> Iterator[fake.FakeOpenAI]:
+def server() -> Iterator[Server]:
     with fake.running_fake_openai() as srv:
         yield srv
 
@@ -68,7 +71,7 @@ def make_client(base_url: str | list[str], **kwargs: object) -> OpenAIChatClient
     return OpenAIChatClient(base_url, "judge-model", **options)  # type: ignore[arg-type]
 
 
-def test_reply_and_request_body(server: fake.FakeOpenAI) -> None:
+def test_reply_and_request_body(server: Server) -> None:
     server.queue(fake.reply("the answer"))
     fmt = json_schema_format("verdict", {"type": "object", "properties": {"answer": {}}})
     with make_client(server.base_url) as client:
@@ -89,7 +92,7 @@ def test_reply_and_request_body(server: fake.FakeOpenAI) -> None:
     }
 
 
-def test_optional_fields_are_left_out_and_extra_body_merged(server: fake.FakeOpenAI) -> None:
+def test_optional_fields_are_left_out_and_extra_body_merged(server: Server) -> None:
     extra = {"chat_template_kwargs": {"enable_thinking": False}}
     with make_client(server.base_url, extra_body=extra) as client:
         client.chat(MESSAGES, PARAMS)
@@ -99,21 +102,21 @@ def test_optional_fields_are_left_out_and_extra_body_merged(server: fake.FakeOpe
     assert "authorization" not in {k.lower() for k in server.headers[0]}
 
 
-def test_500s_are_retried_until_success(server: fake.FakeOpenAI) -> None:
+def test_500s_are_retried_until_success(server: Server) -> None:
     server.queue(fake.error(500), fake.error(502), fake.error(503), fake.reply("finally"))
     with make_client(server.base_url, max_retries=3) as client:
         assert client.chat(MESSAGES, PARAMS) == "finally"
     assert server.request_count == 4
 
 
-def test_429_is_retried(server: fake.FakeOpenAI) -> None:
+def test_429_is_retried(server: Server) -> None:
     server.queue(fake.error(429, "slow down", retry_after="0"), fake.reply("ok now"))
     with make_client(server.base_url) as client:
         assert client.chat(MESSAGES, PARAMS) == "ok now"
     assert server.request_count == 2
 
 
-def test_retries_exhausted_gives_a_clear_error(server: fake.FakeOpenAI) -> None:
+def test_retries_exhausted_gives_a_clear_error(server: Server) -> None:
     server.queue(*[fake.error(500, "model crashed")] * 10)
     with (
         make_client(server.base_url, max_retries=2) as client,
@@ -131,7 +134,7 @@ def test_retries_exhausted_gives_a_clear_error(server: fake.FakeOpenAI) -> None:
     assert "HTTP 500: model crashed" in text
 
 
-def test_400_is_not_retried_and_names_the_server_message(server: fake.FakeOpenAI) -> None:
+def test_400_is_not_retried_and_names_the_server_message(server: Server) -> None:
     server.queue(fake.error(400, "unknown model 'judge-model'"), fake.reply("never sent"))
     with make_client(server.base_url) as client, pytest.raises(ChatRequestError) as e:
         client.chat(MESSAGES, PARAMS)
@@ -142,20 +145,20 @@ def test_400_is_not_retried_and_names_the_server_message(server: fake.FakeOpenAI
     assert "not retried" in str(e.value)
 
 
-def test_timeout_is_retried_then_fails(server: fake.FakeOpenAI) -> None:
-    server.queue(*[fake.reply("too late", delay_s=1.0)] * 3)
+def test_timeout_is_retried_then_fails(server: Server) -> None:
+    server.queue(*[fake.reply("too late", delay_s=3.0)] * 3)
     with make_client(server.base_url, timeout_s=0.2, max_retries=1) as client:
         start = time.monotonic()
         with pytest.raises(ChatRequestError) as e:
             client.chat(MESSAGES, PARAMS)
-    assert time.monotonic() - start < 0.9  # two 0.2 s timeouts, not one full server delay
+    assert time.monotonic() - start < 2.0  # two 0.2 s timeouts, not a full server delay
     assert server.request_count == 2
     assert e.value.status is None
     assert "no response within 0.2s" in str(e.value)
 
 
-def test_timeout_then_success(server: fake.FakeOpenAI) -> None:
-    server.queue(fake.reply("too late", delay_s=1.0), fake.reply("in time"))
+def test_timeout_then_success(server: Server) -> None:
+    server.queue(fake.reply("too late", delay_s=3.0), fake.reply("in time"))
     with make_client(server.base_url, timeout_s=0.2) as client:
         assert client.chat(MESSAGES, PARAMS) == "in time"
     assert server.request_count == 2
@@ -170,7 +173,7 @@ def test_connection_refused_is_retried_then_fails() -> None:
     assert "connection failed" in str(e.value)
 
 
-def test_concurrency_never_exceeds_the_limit(server: fake.FakeOpenAI) -> None:
+def test_concurrency_never_exceeds_the_limit(server: Server) -> None:
     server.responder = lambda body: fake.reply(body["messages"][0]["content"], delay_s=0.1)
     conversations = [[{"role": "user", "content": f"q{i}"}] for i in range(12)]
     with make_client(server.base_url, max_concurrency=3) as client:
@@ -190,8 +193,8 @@ def test_concurrency_never_exceeds_the_limit(server: fake.FakeOpenAI) -> None:
         assert result == [f"q{i}" for i in range(12)]
 
 
-def test_chat_many_returns_failures_as_values(server: fake.FakeOpenAI) -> None:
-    def respond(body: dict[str, object]) -> fake.Scripted:
+def test_chat_many_returns_failures_as_values(server: Server) -> None:
+    def respond(body: dict[str, object]) -> Any:
         text = body["messages"][0]["content"]  # type: ignore[index]
         return fake.error(400, "bad item") if text == "bad" else fake.reply(text.upper())
 
@@ -209,7 +212,7 @@ def test_chat_many_returns_failures_as_values(server: fake.FakeOpenAI) -> None:
 
 
 def test_api_key_is_sent_and_never_shown(
-    server: fake.FakeOpenAI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("ENVACE_JUDGE_API_KEY", SECRET)
     server.queue(fake.error(500, "boom"), fake.reply("ok"), fake.error(401, "invalid key"))
@@ -227,7 +230,7 @@ def test_api_key_is_sent_and_never_shown(
     assert "api_key=set" in shown
 
 
-def test_credentials_in_the_url_are_redacted_from_errors(server: fake.FakeOpenAI) -> None:
+def test_credentials_in_the_url_are_redacted_from_errors(server: Server) -> None:
     url = server.base_url.replace("http://", "http://user:hunter2@")
     server.queue(fake.error(404, "no such route"))
     with make_client(url) as client, pytest.raises(ChatRequestError) as e:
@@ -245,7 +248,7 @@ def test_replicas_are_picked_at_random() -> None:
         assert a.request_count >= 3 and b.request_count >= 3
 
 
-def test_unusable_200_body_is_an_error(server: fake.FakeOpenAI) -> None:
+def test_unusable_200_body_is_an_error(server: Server) -> None:
     server.queue(fake.Scripted(raw_body='{"choices": []}'))
     with make_client(server.base_url) as client, pytest.raises(ChatRequestError) as e:
         client.chat(MESSAGES, PARAMS)

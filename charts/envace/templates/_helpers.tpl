@@ -23,7 +23,7 @@
 
 {{/* Labels of every object; "component" is passed as the second list element. */}}
 {{- define "envace.labels" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 helm.sh/chart: {{ include "envace.chart" $root }}
 app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 app.kubernetes.io/part-of: envace
@@ -35,7 +35,7 @@ app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
 {{- end }}
 
 {{- define "envace.selectorLabels" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 app.kubernetes.io/name: {{ include "envace.name" $root }}
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
@@ -109,7 +109,7 @@ Reuse a value of a Secret this chart created earlier, so random credentials surv
 otherwise generate one. Arguments: (list $ secretName key length).
 */}}
 {{- define "envace.secretValue" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 {{- $existing := lookup "v1" "Secret" $root.Release.Namespace (index . 1) }}
 {{- if and $existing (hasKey (default dict $existing.data) (index . 2)) }}
 {{- index $existing.data (index . 2) | b64dec }}

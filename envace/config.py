@@ -1,0 +1,333 @@
+"""One typed configuration for every stage: YAML files plus `--set key.path=value` overrides.
+
+Every field is documented once here (default, effect, interactions). Validation happens when the
+config is built; errors name the key path, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+from envace.errors import ConfigError
+
+__all__ = [
+    "AlgoConfig",
+    "Config",
+    "EvalConfig",
+    "ModelConfig",
+    "RolloutSection",
+    "TasksConfig",
+    "TrainConfig",
+    "WarmStartConfig",
+    "load_config",
+]
+
+
+# --- sections ---------------------------------------------------------------------------------
+@dataclass
+class TasksConfig:
+    """Where tasks come from."""
+
+    # Generate synthetic-world tasks (train/test/gold) when no files are given.
+    n_train: int = 96
+    n_test: int = 48
+    seed: int = 0
+    # Optional task files (JSONL, see docs/task_format.md); override generation when set.
+    train_file: str | None = None
+    test_file: str | None = None
+    gold_file: str | None = None  # gold conversations for the warm start
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    # A Hugging Face checkpoint dir or hub id (e.g. Qwen/Qwen3-8B). None: build the embedded
+    # tiny model and train its tokenizer on the task corpus.
+    path: str | None = None
+    preset: Literal["tiny-4m", "tiny-13m", "test-micro"] = "tiny-4m"  # only when path is None
+    vocab_size: int = 4096  # tokenizer trained for the tiny model; only when path is None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    enable_thinking: bool = False  # Qwen3 hybrid thinking in the chat template
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class RolloutSection:
+    """Episode generation during RL."""
+
+    # rehearsal: the policy writes tool results (the method). real: the worlds execute them
+    # (upper bound). external: a frozen simulator writes them (see external_*).
+    mode: Literal["rehearsal", "real", "external"] = "rehearsal"
+    n: int = 4  # rollouts per task (GRPO group size per role)
+    batch_tasks: int = 16  # tasks per iteration (reference: 16 x 4 = 64 trajectories)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    caller_max_new_tokens: int = 128
+    simulator_max_new_tokens: int = 128
+    max_steps_per_turn: int = 6
+    max_calls_per_message: int = 4
+    max_context_tokens: int = 2048
+    max_sim_prompt_tokens: int = 2048
+    grounding: bool = True  # the simulator sees the task's logged real calls and results
+    sim_whitelist: Literal["schemas", "names"] = "schemas"
+    max_batch_size: int = 64  # generation micro-batch
+    # external mode: a frozen checkpoint path, or an OpenAI-compatible endpoint + model name.
+    # Default (both None): a frozen copy of the policy as it was when RL started.
+    external_model: str | None = None
+    external_endpoint: str | None = None
+    external_endpoint_model: str = "simulator"
+
+
+@dataclass
+class AlgoConfig:
+    """Role-wise GRPO (see docs/algorithm.md)."""
+
+    # share: both roles update one model (the method). noshare: one model per role (ablation).
+    sharing: Literal["share", "noshare"] = "share"
+    baseline: Literal["row_mean", "trajectory_mean"] = "row_mean"
+    normalize_std: bool = False  # reference: off (Dr. GRPO style)
+    singleton: Literal["zero_baseline", "zero_advantage"] = "zero_baseline"
+    empty_penalty: float = 0.1  # subtracted from rows with an empty/invalid response
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0  # None disables dual clip
+    loss_agg_mode: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
+    kl_coef: float = 0.0  # KL to the reference model; reference run: off (1e-4 when on)
+    kl_kind: Literal["low_var_kl", "kl", "mse"] = "low_var_kl"
+    train_roles: Literal["both", "caller", "simulator"] = "both"
+
+
+@dataclass
+class TrainConfig:
+    """The RL optimisation loop."""
+
+    engine: Literal["torch", "deepspeed"] = "torch"
+    iterations: int = 20
+    lr: float = 1e-6  # reference (8B): 1e-6 constant
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_iterations: int = 0
+    ppo_epochs: int = 1  # optimizer passes over each batch (reference: 1, fully on-policy)
+    micro_batch_rows: int = 16  # rows per forward/backward (gradient accumulation)
+    save_every: int = 10  # checkpoint every K iterations (and at the end)
+    eval_every: int = 0  # evaluate on held-out tasks every K iterations (0: only at the end)
+    seed: int = 0
+    deepspeed_config: dict[str, Any] = field(default_factory=dict)  # engine=deepspeed only
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised fine-tuning of both roles on gold conversations before RL."""
+
+    enabled: bool = True
+    epochs: float = 3.0
+    lr: float = 1e-3
+    batch_rows: int = 16
+    max_tokens: int = 2048  # rows longer than this are dropped (counted)
+    grounding_dropout: float = 0.5  # share of simulator rows built without grounding examples
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation in the real worlds."""
+
+    max_tasks: int | None = None  # None: every held-out task
+    temperature: float = 0.0  # 0: greedy
+    probe_fidelity: bool = True
+    n: int = 1
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tensorboard: bool = True
+    wandb_project: str | None = None  # W&B logging when set (needs `pip install wandb`)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- building and validation ------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce_union(path: str, value: Any, tp: Any) -> Any:
+    options = get_args(tp)
+    if value is None and type(None) in options:
+        return None
+    errors = []
+    for opt in (o for o in options if o is not type(None)):
+        try:
+            return _coerce(path, value, opt)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
+
+
+def _coerce_scalar(path: str, value: Any, tp: Any) -> Any:
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 reads `1e-6` (no dot) as a string; accept it as the number it means.
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if tp is bool and isinstance(value, bool):
+        return value
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is int and is_number and float(value).is_integer():
+        return int(value)
+    if tp is float and is_number:
+        return float(value)
+    if tp is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _coerce(path: str, value: Any, tp: Any) -> Any:
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _coerce_union(path, value, tp)
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"{path}: {value!r} is not one of {_type_name(tp)}")
+    if origin is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    return _coerce_scalar(path, value, tp)
+
+
+def _build(cls: Any, data: Any, prefix: str = "") -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or '<root>'}: expected a mapping, got {data!r}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        where = prefix or "<root>"
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}"
+        )
+    kwargs = {k: _coerce(f"{prefix}.{k}" if prefix else k, v, hints[k]) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+_RULES: list[tuple[str, Any, str]] = [
+    ("rollout.n", lambda c: c.rollout.n >= 1, "must be >= 1 (rollouts per task)"),
+    ("rollout.batch_tasks", lambda c: c.rollout.batch_tasks >= 1, "must be >= 1"),
+    ("rollout.temperature", lambda c: c.rollout.temperature >= 0, "must be >= 0"),
+    ("rollout.top_p", lambda c: 0 < c.rollout.top_p <= 1, "must be in (0, 1]"),
+    ("rollout.caller_max_new_tokens", lambda c: c.rollout.caller_max_new_tokens >= 1, ">= 1"),
+    ("train.iterations", lambda c: c.train.iterations >= 0, "must be >= 0"),
+    ("train.lr", lambda c: c.train.lr > 0, "must be > 0"),
+    ("train.grad_clip", lambda c: c.train.grad_clip > 0, "must be > 0"),
+    ("train.ppo_epochs", lambda c: c.train.ppo_epochs >= 1, "must be >= 1"),
+    ("train.micro_batch_rows", lambda c: c.train.micro_batch_rows >= 1, "must be >= 1"),
+    ("train.save_every", lambda c: c.train.save_every >= 1, "must be >= 1"),
+    ("algo.clip_low", lambda c: 0 < c.algo.clip_low < 1, "must be in (0, 1)"),
+    ("algo.clip_high", lambda c: c.algo.clip_high > 0, "must be > 0"),
+    ("algo.dual_clip", lambda c: c.algo.dual_clip is None or c.algo.dual_clip > 1, "> 1 or null"),
+    ("algo.kl_coef", lambda c: c.algo.kl_coef >= 0, "must be >= 0"),
+    ("warm_start.epochs", lambda c: c.warm_start.epochs >= 0, "must be >= 0"),
+    (
+        "warm_start.grounding_dropout",
+        lambda c: 0 <= c.warm_start.grounding_dropout <= 1,
+        "in [0, 1]",
+    ),
+    ("tasks.n_train", lambda c: c.tasks.n_train >= 1, "must be >= 1"),
+    ("tasks.n_test", lambda c: c.tasks.n_test >= 1, "must be >= 1"),
+]
+
+
+def _get(cfg: Config, path: str) -> Any:
+    obj: Any = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(cfg: Config) -> Config:
+    """Single-field ranges and cross-field rules; raises ConfigError naming the key and fix."""
+    for path, ok, rule in _RULES:
+        if not ok(cfg):
+            raise ConfigError(f"{path}: {_get(cfg, path)!r} {rule}")
+    if cfg.rollout.mode == "external" and cfg.algo.sharing == "noshare":
+        raise ConfigError(
+            "algo.sharing: 'noshare' trains a simulator model, but rollout.mode 'external' takes "
+            "tool results from a frozen simulator; use sharing: share, or rollout.mode: rehearsal"
+        )
+    if cfg.rollout.mode in ("real", "external") and cfg.algo.train_roles == "simulator":
+        raise ConfigError(
+            f"algo.train_roles: 'simulator' trains nothing when rollout.mode is "
+            f"{cfg.rollout.mode!r} (no simulator rows are trained); use rollout.mode: rehearsal"
+        )
+    if cfg.rollout.external_model and cfg.rollout.external_endpoint:
+        raise ConfigError(
+            "rollout.external_model and rollout.external_endpoint are both set; keep one"
+        )
+    if cfg.train.engine == "deepspeed" and cfg.algo.sharing == "noshare":
+        raise ConfigError("algo.sharing: 'noshare' is supported by train.engine 'torch' only")
+    return cfg
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """`key.path=value` pairs; values parse as YAML scalars (`3`, `1e-6`, `true`, `null`)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. train.lr=1e-5")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+        node[parts[-1]] = _parse_scalar(raw)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults <- YAML file <- overrides, then validation."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{p}: config file not found (see configs/ for examples)") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        data = loaded or {}
+    data = apply_overrides(data, overrides)
+    cfg: Config = _build(Config, data)
+    return validate(cfg)

@@ -1,0 +1,226 @@
+"""Artifacts: directories committed to a store with a manifest written last.
+
+    commit_dir(local_dir, uri)  upload every file (hashing as it streams), then MANIFEST.json
+    fetch_dir(uri, local_dir)   download, check every size and sha256, write the manifest last
+    verify(uri, deep=False)     manifest present, every file present with its size (deep: sha256)
+
+A reader trusts a directory only when its manifest is present and matches. So a writer killed at
+any point leaves nothing a reader accepts: before the manifest lands the directory is "partial",
+and re-committing over an existing artifact removes its old manifest first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from envace.errors import UserInputError
+from envace.storage.base import ArtifactStore, Digest, ProgressCallback, atomic_target
+from envace.storage.errors import (
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    ObjectNotFoundError,
+)
+from envace.storage.local import LocalStore
+from envace.storage.manifest import MANIFEST_NAME, Manifest, ManifestEntry, scan_dir
+from envace.storage.retry import RetryPolicy
+from envace.storage.settings import S3Settings
+from envace.storage.uri import join_key, join_uri, parse_uri
+
+__all__ = ["commit_dir", "fetch_dir", "open_store", "read_manifest", "verify"]
+
+log = logging.getLogger(__name__)
+
+
+def open_store(
+    uri: str, config: S3Settings | None = None, *, retry: RetryPolicy | None = None
+) -> tuple[ArtifactStore, str]:
+    """Resolve `uri` to a store and the key prefix inside it.
+
+    A local path gives a `LocalStore` rooted at that path (prefix ""). `minio://` and `s3://`
+    give an `S3Store` on the bucket; settings default to `S3Settings.from_env()`.
+    """
+    parsed = parse_uri(uri)
+    if parsed.is_local:
+        return LocalStore(Path(parsed.path)), ""
+    settings = (config or S3Settings.from_env()).require(uri)
+    # Imported here: the minio SDK costs ~0.2 s to import, and local runs never need it.
+    from envace.storage.s3 import S3Store
+
+    store = S3Store(settings, parsed.bucket, retry=retry, scheme=parsed.scheme)
+    return store, parsed.key
+
+
+def _same_dir(store: ArtifactStore, local_dir: Path) -> bool:
+    if not isinstance(store, LocalStore) or not store.root.is_dir() or not local_dir.is_dir():
+        return False
+    return os.path.samefile(store.root, local_dir)
+
+
+def _read(store: ArtifactStore, prefix: str, uri: str) -> Manifest:
+    try:
+        data = store.get_bytes(join_key(prefix, MANIFEST_NAME))
+    except ObjectNotFoundError:
+        if store.list(prefix):
+            raise ArtifactIntegrityError(
+                f"partial artifact at {uri}: files are there but no {MANIFEST_NAME}, so it was"
+                " never committed (an interrupted upload?). Re-run the step that writes it, or"
+                " `envace store put`"
+            ) from None
+        raise ArtifactNotFoundError(f"no artifact at {uri}: nothing is stored there") from None
+    return Manifest.from_json(data, source=join_uri(uri, MANIFEST_NAME))
+
+
+def read_manifest(
+    uri: str, config: S3Settings | None = None, *, retry: RetryPolicy | None = None
+) -> Manifest:
+    """The manifest of the artifact at `uri` (ArtifactIntegrityError when missing or malformed)."""
+    store, prefix = open_store(uri, config, retry=retry)
+    return _read(store, prefix, uri)
+
+
+def commit_dir(
+    local_dir: str | Path,
+    uri: str,
+    config: S3Settings | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    progress: ProgressCallback | None = None,
+) -> Manifest:
+    """Store every file of `local_dir` at `uri`, then write MANIFEST.json last.
+
+    Committing a local folder onto itself only hashes the files and writes the manifest.
+    """
+    src = Path(local_dir)
+    if not src.is_dir():
+        raise UserInputError(f"cannot commit {src}: not a directory")
+    files = scan_dir(src)
+    store, prefix = open_store(uri, config, retry=retry)
+    manifest_key = join_key(prefix, MANIFEST_NAME)
+    if store.delete(manifest_key):
+        # Un-commit first: a reader must never accept old manifest + half-replaced files.
+        log.info("re-committing %s: removed its old manifest", uri)
+    entries = []
+    for rel, path in files:
+        digest = store.put_file(path, join_key(prefix, rel), progress)
+        entries.append(ManifestEntry(rel, digest.size, digest.sha256))
+    manifest = Manifest.build(entries)
+    store.put_bytes(manifest.to_json(), manifest_key)
+    log.info("committed %s: %d file(s), %d bytes", uri, len(entries), manifest.total_size)
+    return manifest
+
+
+def _local_copy_matches(local_dir: Path, manifest: Manifest) -> bool:
+    """True when `local_dir` holds a committed copy of `manifest` (same entries and sizes)."""
+    try:
+        local = Manifest.from_json((local_dir / MANIFEST_NAME).read_bytes(), str(local_dir))
+    except (OSError, ArtifactIntegrityError):
+        return False
+    if local.files != manifest.files:
+        return False
+    return all(
+        (local_dir / e.path).is_file() and (local_dir / e.path).stat().st_size == e.size
+        for e in manifest.files
+    )
+
+
+def _fetch_one(
+    store: ArtifactStore,
+    key: str,
+    entry: ManifestEntry,
+    target: Path,
+    uri: str,
+    progress: ProgressCallback | None,
+) -> None:
+    try:
+        got = store.get_file(key, target, progress)
+    except ObjectNotFoundError:
+        raise ArtifactIntegrityError(
+            f"corrupt artifact at {uri}: {entry.path} is listed in the manifest but missing;"
+            " re-commit the artifact"
+        ) from None
+    if got != Digest(entry.size, entry.sha256):
+        target.unlink(missing_ok=True)
+        raise ArtifactIntegrityError(
+            f"corrupt artifact at {uri}: {entry.path} has {got.size} bytes, sha256"
+            f" {got.sha256[:16]}..., but the manifest says {entry.size} bytes, sha256"
+            f" {entry.sha256[:16]}...; re-commit the artifact"
+        )
+
+
+def fetch_dir(
+    uri: str,
+    local_dir: str | Path,
+    config: S3Settings | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    progress: ProgressCallback | None = None,
+) -> Manifest:
+    """Download the committed artifact at `uri` into `local_dir`, checking every file.
+
+    Refuses (ArtifactIntegrityError) a missing, partial or corrupt artifact. The local copy gets
+    its manifest last, so it is itself a committed artifact; when `local_dir` already holds a
+    committed copy of the same manifest (same files and sizes) nothing is downloaded.
+    """
+    store, prefix = open_store(uri, config, retry=retry)
+    dest = Path(local_dir)
+    if _same_dir(store, dest):
+        return verify(uri, deep=True, progress=progress)
+    manifest = _read(store, prefix, uri)
+    if _local_copy_matches(dest, manifest):
+        log.info("%s already holds %s; nothing to download", dest, uri)
+        return manifest
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / MANIFEST_NAME).unlink(missing_ok=True)
+    for entry in manifest.files:
+        _fetch_one(store, join_key(prefix, entry.path), entry, dest / entry.path, uri, progress)
+    with atomic_target(dest / MANIFEST_NAME) as tmp:
+        tmp.write_bytes(manifest.to_json())
+    log.info("fetched %s into %s: %d file(s)", uri, dest, len(manifest.files))
+    return manifest
+
+
+def _problems(
+    store: ArtifactStore,
+    prefix: str,
+    manifest: Manifest,
+    deep: bool,
+    progress: ProgressCallback | None,
+) -> list[str]:
+    sizes = {o.key: o.size for o in store.list(prefix)}
+    problems = []
+    for entry in manifest.files:
+        key = join_key(prefix, entry.path)
+        if key not in sizes:
+            problems.append(f"{entry.path} (missing)")
+        elif sizes[key] != entry.size:
+            problems.append(f"{entry.path} (size {sizes[key]}, manifest says {entry.size})")
+        elif deep and store.digest(key, progress).sha256 != entry.sha256:
+            problems.append(f"{entry.path} (sha256 differs from the manifest)")
+    return problems
+
+
+def verify(
+    uri: str,
+    config: S3Settings | None = None,
+    *,
+    deep: bool = False,
+    retry: RetryPolicy | None = None,
+    progress: ProgressCallback | None = None,
+) -> Manifest:
+    """Check the artifact at `uri` in place; return its manifest or raise ArtifactIntegrityError.
+
+    Shallow: the manifest is present and valid, and every file it lists exists with its size.
+    Deep: also re-hash every file by streaming it (nothing is kept).
+    """
+    store, prefix = open_store(uri, config, retry=retry)
+    manifest = _read(store, prefix, uri)
+    problems = _problems(store, prefix, manifest, deep, progress)
+    if problems:
+        shown = ", ".join(problems[:5]) + (", ..." if len(problems) > 5 else "")
+        raise ArtifactIntegrityError(
+            f"corrupt artifact at {uri}: {len(problems)} of {len(manifest.files)} file(s) bad:"
+            f" {shown}. Re-commit it from its source"
+        )
+    return manifest

@@ -1,0 +1,118 @@
+"""Collating rows into padded tensors, and per-token log-probabilities without full logits.
+
+A row is prompt ids + response ids; only response positions are trained. Rows are sorted by
+length before being cut into micro-batches, so padding waste stays small.
+
+`token_logprobs` never materialises the (tokens x vocabulary) logits of a whole batch: it runs
+the decoder, keeps only the hidden states of positions that predict a response token, and
+applies the LM head in checkpointed chunks (the logits of one chunk exist at a time, forward and
+backward). With a 151,936-token vocabulary that is what lets long batches fit at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["MicroBatch", "TrainRow", "collate", "make_micro_batches", "token_logprobs"]
+
+
+@dataclass
+class TrainRow:
+    """What the trainer needs of one generation. advantage None: not part of a policy loss."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantage: float | None = None
+    old_logprobs: list[float] | None = None
+    role: str = "caller"
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors for B rows of max length T.
+
+    input_ids (B, T); attention_mask (B, T); response_mask (B, T) 1 where the token at t is a
+    response token (its log-prob is predicted from position t-1); advantages (B,).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    rows: list[TrainRow]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.response_mask.sum().item())
+
+
+def collate(rows: Sequence[TrainRow], pad_id: int) -> MicroBatch:
+    width = max(r.length for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    resp = torch.zeros((len(rows), width), dtype=torch.float32)
+    for b, r in enumerate(rows):
+        seq = r.prompt_ids + r.response_ids
+        ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[b, : len(seq)] = 1
+        resp[b, len(r.prompt_ids) : len(seq)] = 1.0
+    adv = torch.tensor([r.advantage or 0.0 for r in rows], dtype=torch.float32)
+    return MicroBatch(ids, attn, resp, adv, list(rows))
+
+
+def make_micro_batches(
+    rows: Sequence[TrainRow], micro_batch_rows: int, pad_id: int, max_tokens: int | None = None
+) -> list[MicroBatch]:
+    """Length-sorted micro-batches of at most `micro_batch_rows` rows (and `max_tokens` padded
+    tokens, when given)."""
+    ordered = sorted(rows, key=lambda r: r.length)
+    batches: list[list[TrainRow]] = []
+    for r in ordered:
+        cur = batches[-1] if batches else None
+        fits = cur is not None and len(cur) < micro_batch_rows
+        if fits and cur is not None and max_tokens is not None:
+            fits = (len(cur) + 1) * r.length <= max_tokens
+        if fits and cur is not None:
+            cur.append(r)
+        else:
+            batches.append([r])
+    return [collate(b, pad_id) for b in batches]
+
+
+def _chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float()  # (N_chunk, V)
+    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def token_logprobs(
+    model: Any, mb: MicroBatch, chunk_tokens: int = 4096, temperature: float = 1.0
+) -> torch.Tensor:
+    """(B, T) log p(token_t | tokens_<t) at response positions, 0 elsewhere."""
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    target_mask = mb.response_mask[:, 1:] > 0  # (B, T-1)
+    h = hidden[:, :-1][target_mask]  # (N, H): positions that predict a response token
+    targets = mb.input_ids[:, 1:][target_mask]  # (N,)
+    if temperature != 1.0:
+        h = h / temperature  # equivalent to dividing the logits: the head is linear, no bias
+    pieces = []
+    for start in range(0, h.shape[0], chunk_tokens):
+        hs, ts = h[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chunk_logprobs, head, hs, ts, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(head, hs, ts))
+    flat = torch.cat(pieces) if pieces else hidden.new_zeros(0)
+    out = torch.zeros(target_mask.shape, dtype=flat.dtype, device=flat.device)
+    out[target_mask] = flat
+    return torch.nn.functional.pad(out, (1, 0))  # align: position t holds log p(token_t)

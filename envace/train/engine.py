@@ -1,0 +1,120 @@
+"""Training engines: the optimiser side of the trainer, behind one small interface.
+
+`TorchEngine` is plain PyTorch (AdamW, gradient clipping, an lr schedule) for CPU and single-GPU
+runs; a DeepSpeed ZeRO engine implements the same interface for multi-GPU runs. The trainer only
+calls `forward`, `backward`, `step`, `state_dict`/`load_state_dict` and `save_model`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from envace.train.batch import MicroBatch, token_logprobs
+
+__all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
+
+
+class TrainingEngine(Protocol):
+    model: Any  # the module generation uses (unwrapped)
+
+    def logprobs(self, mb: MicroBatch) -> torch.Tensor: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> float:
+        """Clip, apply and zero the accumulated gradients; returns the pre-clip grad norm."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save_model(self, out_dir: Path, tokenizer: Any) -> None: ...
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> Any:
+    """Multiplier of the base lr at optimizer step s (linear warmup, then the schedule)."""
+
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress  # linear
+
+    return f
+
+
+class TorchEngine:
+    """AdamW on one process. `total_steps` sizes the lr schedule."""
+
+    def __init__(
+        self,
+        model: Any,
+        lr: float,
+        weight_decay: float = 0.01,
+        grad_clip: float = 1.0,
+        schedule: str = "constant",
+        warmup: int = 0,
+        total_steps: int = 1,
+    ) -> None:
+        self.model = model
+        self.grad_clip = grad_clip
+        decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+        # No weight decay on norms and biases (standard practice, as in nanoGPT).
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=lr,
+            betas=(0.9, 0.999),
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(schedule, warmup, total_steps)
+        )
+        self.steps = 0
+
+    def logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        self.model.train()
+        return token_logprobs(self.model, mb)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return float(norm)
+
+    @property
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
+
+    def save_model(self, out_dir: Path, tokenizer: Any) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)

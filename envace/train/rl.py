@@ -1,0 +1,240 @@
+"""RL with world rehearsal: rollout -> rewards -> role-wise GRPO advantages -> PPO update.
+
+One iteration (the reference's "step"):
+1. take `batch_tasks` tasks (a seeded permutation per epoch, so the data cursor is just the
+   iteration number) and roll each out `n` times — tool results rehearsed by the policy, executed
+   in the real worlds, or written by an external simulator, by `rollout.mode`;
+2. every row of a trajectory gets the trajectory's reward (minus the empty-response penalty);
+   unscored trajectories (a failed judge) are masked, never scored 0;
+3. advantages per (task uid, role) group;
+4. `ppo_epochs` passes of PPO-clip over the trainable rows, in micro-batches whose losses add up
+   to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy).
+In "share" mode both roles' rows update one model; in "noshare" each role has its own model.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from envace.algo.advantages import apply_empty_penalty, compute_advantages
+from envace.algo.losses import LossConfig, policy_loss
+from envace.config import Config
+from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
+from envace.rollout.policies import Policy
+from envace.rollout.types import Role, Row, Trajectory
+from envace.tasks.model import Task
+from envace.train.batch import TrainRow, make_micro_batches
+from envace.train.engine import TrainingEngine
+
+__all__ = ["RLTrainer", "iteration_seed", "sample_tasks"]
+
+log = logging.getLogger(__name__)
+
+
+def iteration_seed(seed: int, iteration: int) -> int:
+    return (seed * 1_000_003 + iteration * 7_919) % (2**31)
+
+
+def sample_tasks(tasks: Sequence[Task], batch: int, seed: int, iteration: int) -> list[Task]:
+    """Tasks of `iteration`: consecutive slices of per-epoch seeded permutations."""
+    out: list[Task] = []
+    cursor = iteration * batch
+    while len(out) < batch:
+        epoch, offset = divmod(cursor, len(tasks))
+        perm = list(range(len(tasks)))
+        random.Random(seed * 31 + epoch).shuffle(perm)
+        take = min(batch - len(out), len(tasks) - offset)
+        out += [tasks[i] for i in perm[offset : offset + take]]
+        cursor += take
+    return out
+
+
+@dataclass
+class RoleLearner:
+    """A model being trained and the roles whose rows it learns from."""
+
+    engine: TrainingEngine
+    roles: frozenset[str]
+    pad_id: int
+
+
+class RLTrainer:
+    """Runs RL iterations. `learners` has one entry (share) or two (noshare: caller, simulator)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        tasks: Sequence[Task],
+        policy: Policy,
+        learners: Sequence[RoleLearner],
+        grader: TurnGrader,
+        simulator: Policy | None = None,
+        make_env: Any = None,
+    ) -> None:
+        if not tasks:
+            raise ValueError("RL needs at least one training task")
+        self.cfg = cfg
+        self.tasks = list(tasks)
+        self.learners = list(learners)
+        r = cfg.rollout
+        from envace.policy.types import SamplingParams
+
+        caller = SamplingParams(r.caller_max_new_tokens, r.temperature, r.top_p)
+        sim = SamplingParams(r.simulator_max_new_tokens, r.temperature, r.top_p)
+        self.rollout_cfg = RolloutConfig(
+            mode=r.mode,
+            caller_sampling=caller,
+            simulator_sampling=sim,
+            max_steps_per_turn=r.max_steps_per_turn,
+            max_calls_per_message=r.max_calls_per_message,
+            max_context_tokens=r.max_context_tokens,
+            max_sim_prompt_tokens=r.max_sim_prompt_tokens,
+            grounding=r.grounding,
+            sim_whitelist=r.sim_whitelist,
+            think_switch="/think" if cfg.model.enable_thinking else "",
+        )
+        self.engine = RolloutEngine(policy, self.rollout_cfg, grader, simulator, make_env)
+        a = cfg.algo
+        self.loss_cfg = LossConfig(
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            loss_agg_mode=a.loss_agg_mode,
+            kl_coef=a.kl_coef,
+            kl_kind=a.kl_kind,
+        )
+        self.ref_model: Any = None
+        if a.kl_coef > 0:
+            import copy
+
+            self.ref_model = copy.deepcopy(self.learners[0].engine.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+
+    # --- one iteration ------------------------------------------------------------------------
+    def iteration(self, it: int) -> dict[str, Any]:
+        cfg = self.cfg
+        torch.manual_seed(iteration_seed(cfg.train.seed, it))
+        batch = sample_tasks(self.tasks, cfg.rollout.batch_tasks, cfg.train.seed, it)
+        t0 = time.perf_counter()
+        trajs = self.engine.run(batch, n=cfg.rollout.n)
+        t_rollout = time.perf_counter() - t0
+        rows, adv_metrics = self._advantages(trajs)
+        t1 = time.perf_counter()
+        update = self._update(rows)
+        t_update = time.perf_counter() - t1
+        return {
+            "iteration": it + 1,
+            **_rollout_metrics(trajs),
+            **adv_metrics,
+            **update,
+            "time/rollout_s": t_rollout,
+            "time/update_s": t_update,
+            "throughput/generated_tokens": sum(len(r.response_ids) for t in trajs for r in t.rows),
+        }
+
+    def _advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Row], dict[str, float]]:
+        a = self.cfg.algo
+        rows = [r for t in trajs for r in t.rows]
+        reward_of = {t.traj_id: t.reward for t in trajs}
+        scores = apply_empty_penalty(
+            [reward_of[r.traj_id] for r in rows], [r.valid for r in rows], a.empty_penalty
+        )
+        res = compute_advantages(
+            scores,
+            [r.uid for r in rows],
+            [str(r.role) for r in rows],
+            [r.traj_id for r in rows],
+            baseline=a.baseline,
+            normalize_std=a.normalize_std,
+            singleton=a.singleton,
+        )
+        for r, s, adv in zip(rows, scores, res.advantages, strict=True):
+            r.reward, r.advantage = s, adv
+        return rows, res.metrics()
+
+    def _allowed(self, row: Row) -> bool:
+        roles = self.cfg.algo.train_roles
+        return row.trainable and row.advantage is not None and (roles in ("both", str(row.role)))
+
+    def _update(self, rows: Sequence[Row]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for learner in self.learners:
+            mine = [r for r in rows if self._allowed(r) and str(r.role) in learner.roles]
+            name = "policy" if len(self.learners) == 1 else "/".join(sorted(learner.roles))
+            stats = self._ppo(learner, mine)
+            out.update({f"{name}/{k}": v for k, v in stats.items()})
+        return out
+
+    def _ppo(self, learner: RoleLearner, rows: Sequence[Row]) -> dict[str, float]:
+        if not rows:
+            return {"rows": 0.0}
+        train_rows = [
+            TrainRow(r.prompt_ids, r.response_ids, r.advantage, role=str(r.role)) for r in rows
+        ]
+        agg = self.cfg.algo.loss_agg_mode
+        mbs = make_micro_batches(train_rows, self.cfg.train.micro_batch_rows, learner.pad_id)
+        total_rows = len(train_rows)
+        total_tokens = sum(mb.num_tokens for mb in mbs)
+        with torch.no_grad():  # old log-probs of the policy that generated the rows
+            old = [learner.engine.logprobs(mb).detach() for mb in mbs]
+            ref = [self._ref_logprobs(mb) for mb in mbs]
+        stats: dict[str, float] = {"rows": float(total_rows), "tokens": float(total_tokens)}
+        for _ in range(self.cfg.train.ppo_epochs):
+            sums: dict[str, float] = {}
+            for mb, old_lp, ref_lp in zip(mbs, old, ref, strict=True):
+                # Weight so the micro-batch losses add up to the whole batch's aggregate.
+                w = (
+                    len(mb.rows) / total_rows
+                    if agg == "seq-mean-token-mean"
+                    else mb.num_tokens / total_tokens
+                )
+                logp = learner.engine.logprobs(mb)
+                loss, s = policy_loss(
+                    logp,
+                    old_lp,
+                    mb.advantages,
+                    mb.response_mask,
+                    self.loss_cfg,
+                    ref_logprobs=ref_lp,
+                )
+                learner.engine.backward(loss * w)
+                for k, v in s.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * w
+            stats.update(sums)
+            stats["grad_norm"] = learner.engine.step()
+        return stats
+
+    def _ref_logprobs(self, mb: Any) -> torch.Tensor | None:
+        if self.ref_model is None:
+            return None
+        from envace.train.batch import token_logprobs
+
+        return token_logprobs(self.ref_model, mb).detach()
+
+
+def _rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    scored = [t for t in trajs if t.reward is not None]
+    rows = [r for t in trajs for r in t.rows]
+    sim_rows = [r for r in rows if r.role is Role.SIMULATOR]
+    out: dict[str, float] = {
+        "reward/mean": sum(t.reward or 0.0 for t in scored) / max(1, len(scored)),
+        "reward/success_rate": sum(1.0 for t in scored if t.success) / max(1, len(scored)),
+        "reward/unscored": float(len(trajs) - len(scored)),
+        "rows/caller": float(sum(1 for r in rows if r.role is Role.CALLER)),
+        "rows/simulator": float(len(sim_rows)),
+        "rollout/sim_format_error_rate": sum(1.0 for r in sim_rows if not r.valid)
+        / max(1, len(sim_rows)),
+        "rollout/calls_per_episode": sum(len(t.calls) for t in trajs) / max(1, len(trajs)),
+    }
+    for t in trajs:
+        key = f"end/{t.end_reason}"
+        out[key] = out.get(key, 0.0) + 1.0
+    return out
