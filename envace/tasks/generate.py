@@ -33,6 +33,7 @@ from envace.envs import files_state, first_mismatch, is_error_result, make_envir
 from envace.errors import EnvaceError, UserInputError
 
 __all__ = [
+    "SPLITS",
     "GenerationError",
     "Splits",
     "generate_splits",
@@ -80,7 +81,7 @@ _ADJECTIVES = (
 _NOUNS = ("mug", "lamp", "chair", "desk", "kettle", "bowl", "plate", "shelf", "clock", "fan", "rug")
 _ITEMS = tuple(f"{adj} {noun}" for adj in _ADJECTIVES for noun in _NOUNS)
 _STEMS = (
-    "report", "budget", "notes", "todo", "draft", "invoice", "letter", "plan", "summary", "agenda",
+    "report", "budget", "notes", "outline", "draft", "invoice", "letter", "plan", "summary", "agenda",
     "minutes", "recipe", "poem", "log", "memo", "list", "schedule", "contract", "receipt", "resume",
     "story", "diary", "ideas", "goals", "chores", "menu", "quotes", "readme", "changes", "tasks",
 )  # fmt: skip

@@ -269,8 +269,31 @@ def _schema_problem(data: Any) -> TaskProblem | None:
     return None if error is None else _problem_from_schema_error(error)
 
 
+# Task files repeat the same tool schemas over thousands of tasks, and checking a schema costs
+# far more than serialising it: results are memoised by the schema's canonical JSON text.
+_MEMO_LIMIT = 4096
+_schema_reasons: dict[str, str | None] = {}
+_argument_validators: dict[str, Validator] = {}
+
+
+def _canonical(schema: Any) -> str:
+    return json.dumps(schema, sort_keys=True, default=repr)
+
+
 def _invalid_schema_reason(schema: Any) -> str | None:
     """Why `schema` is not a valid Draft 2020-12 JSON schema, or None when it is."""
+    key = _canonical(schema)
+    try:
+        return _schema_reasons[key]
+    except KeyError:
+        reason = _check_schema(schema)
+    if len(_schema_reasons) >= _MEMO_LIMIT:
+        _schema_reasons.clear()
+    _schema_reasons[key] = reason
+    return reason
+
+
+def _check_schema(schema: Any) -> str | None:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -283,17 +306,36 @@ def _invalid_schema_reason(schema: Any) -> str | None:
     return None
 
 
+def _arguments_validator(parameters: Mapping[str, Any]) -> Validator:
+    from jsonschema import Draft202012Validator
+    from referencing import Registry
+
+    key = _canonical(parameters)
+    try:
+        return _argument_validators[key]
+    except KeyError:
+        # An empty registry: a $ref outside the schema is an error, never a network fetch.
+        validator: Validator = Draft202012Validator(parameters, registry=Registry())
+    if len(_argument_validators) >= _MEMO_LIMIT:
+        _argument_validators.clear()
+    _argument_validators[key] = validator
+    return validator
+
+
 def _arguments_problem(
     arguments: Any, parameters: Mapping[str, Any], tool: str, base: str
 ) -> TaskProblem | None:
-    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match
     from referencing.exceptions import Unresolvable
 
     try:
-        error = best_match(Draft202012Validator(parameters).iter_errors(arguments))
+        error = best_match(_arguments_validator(parameters).iter_errors(arguments))
     except Unresolvable as exc:
-        return TaskProblem(base, f"cannot check against tool {tool!r}: unresolvable $ref ({exc})")
+        message = (
+            f"cannot check against the parameters of tool {tool!r}: {exc}; "
+            "inline the referenced schema (remote $refs are not fetched)"
+        )
+        return TaskProblem(base, message)
     if error is None:
         return None
     problem = _problem_from_schema_error(error, base)

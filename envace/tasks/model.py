@@ -77,7 +77,7 @@ class Task:
         return [str(t["function"]["name"]) for t in self.tools]
 
     def tool_schema(self, name: str) -> dict[str, Any] | None:
-        """The `function` object of the tool called `name`, or None when the task has no such tool."""
+        """The `function` object of tool `name`, or None when the task has no such tool."""
         for t in self.tools:
             if t["function"]["name"] == name:
                 fn: dict[str, Any] = t["function"]

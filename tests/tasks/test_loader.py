@@ -238,6 +238,34 @@ def test_weight_tolerance_accepts_rounding_but_not_real_gaps(tmp_path: Path) -> 
     )
 
 
+def test_repeated_tool_schemas_are_checked_every_time(tmp_path: Path) -> None:
+    bad = minimal_task("x")
+    bad["tools"][0]["function"]["parameters"] = {"type": "strng"}
+    path = write_lines(tmp_path / "t.jsonl", [bad, {**bad, "id": "y"}, minimal_task("z")])
+    result = load_tasks(path, skip_invalid=True, known_environments=KNOWN)
+    assert [t.id for t in result.tasks] == ["z"]
+    assert [(e.task_id, e.field) for e in result.skipped] == [
+        ("x", "tools[0].function.parameters"),
+        ("y", "tools[0].function.parameters"),
+    ]
+    assert result.skipped[0].message == result.skipped[1].message
+    assert result.skipped[0].message.startswith("not a valid JSON schema at type: ")
+
+
+def test_local_refs_in_tool_parameters_are_resolved() -> None:
+    task = minimal_task("refs")
+    task["tools"][0]["function"]["parameters"] = {
+        "type": "object",
+        "$defs": {"name": {"type": "string"}},
+        "properties": {"who": {"$ref": "#/$defs/name"}},
+    }
+    task["turns"][0]["expected_calls"][0]["arguments"] = {"who": 7}
+    assert check_task(task, known_environments=KNOWN) == TaskProblem(
+        "turns[0].expected_calls[0].arguments.who",
+        "expected string, got integer (parameters of tool 'ping')",
+    )
+
+
 def test_check_task_reports_first_problem_without_raising() -> None:
     data = full_task_dict()
     data["environment"]["name"] = "mars"
@@ -367,7 +395,7 @@ def test_rewrite_keeps_file_mode(tmp_path: Path) -> None:
 # Property: any valid task survives write -> load unchanged
 
 
-_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+_text = st.text(st.characters(codec="utf-8"), max_size=12)
 _json_scalar = st.none() | st.booleans() | st.integers(-1000, 1000) | _text
 _json_value = st.recursive(
     _json_scalar,

@@ -323,6 +323,25 @@ CASES = [
         "unknown key (allowed: amount, to) (parameters of tool 'transfer')",
     ),
     Case(
+        "tool-parameters-remote-ref",
+        mutated(
+            set_path(
+                "tools",
+                0,
+                "function",
+                "parameters",
+                "properties",
+                "to",
+                {"$ref": "https://example.com/account.json"},
+            )
+        ),
+        "t2",
+        "turns[0].expected_calls[0].arguments",
+        "cannot check against the parameters of tool 'transfer': "
+        "Unresolvable: https://example.com/account.json; "
+        "inline the referenced schema (remote $refs are not fetched)",
+    ),
+    Case(
         "expected-call-arguments-not-object",
         mutated(args('{"to": "bob"}')),
         "t2",

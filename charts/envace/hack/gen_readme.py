@@ -98,12 +98,14 @@ def _schema_node(schema: dict[str, Any], path: str) -> dict[str, Any]:
 def _type_of(schema: dict[str, Any], node: dict[str, Any]) -> str:
     if "$ref" in node:
         name = node["$ref"].rsplit("/", 1)[-1]
-        node = schema["$defs"][name] | {"_def": name}
+        if "enum" not in schema["$defs"][name]:
+            return name
+        node = schema["$defs"][name]
     if "enum" in node:
         return " \\| ".join(json.dumps(v) for v in node["enum"])
     if "oneOf" in node:
         return " or ".join(_type_of(schema, option) for option in node["oneOf"])
-    kind = node.get("type", node.get("_def", "object"))
+    kind = node.get("type", "object")
     return " or ".join(kind) if isinstance(kind, list) else str(kind)
 
 

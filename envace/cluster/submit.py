@@ -1,0 +1,339 @@
+"""Create, follow and cancel EnvACE TrainJobs through the Kubernetes API (the `kubernetes` client).
+
+`TrainJobClient` is the only code here that talks to the API server; `follow` needs nothing but
+`get`, so it works on any `TrainJobReader`. Every API failure becomes a `ClusterError` that says
+what failed and how to fix it: a missing Kubeflow Trainer names the prerequisite, a missing
+runtime names the chart, a 403 names the RBAC the chart grants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from envace.cluster.trainjob import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    TrainJobSpec,
+    build_config_map,
+    build_trainjob,
+)
+from envace.errors import EnvaceError
+
+__all__ = [
+    "ClusterError",
+    "FollowTimeoutError",
+    "TrainJobClient",
+    "TrainJobReader",
+    "TrainJobState",
+    "api_errors",
+    "connect",
+    "follow",
+]
+
+logger = logging.getLogger(__name__)
+
+_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_REQUEST_TIMEOUT = 30
+_PREREQ_HELP = "see docs/cluster.md, Prerequisites"
+
+
+class ClusterError(EnvaceError):
+    """The cluster refused or cannot serve a request; the message names the cause and the fix."""
+
+
+class FollowTimeoutError(ClusterError):
+    """A followed TrainJob did not finish within the allowed time."""
+
+
+class TrainJobReader(Protocol):
+    """What `follow` needs: read one TrainJob object by name."""
+
+    namespace: str
+
+    def get(self, name: str) -> dict[str, Any]: ...
+
+
+def _api_error(exc: ApiException, what: str) -> ClusterError:
+    """Translate an API failure into a message the user can act on."""
+    if exc.status == 401:
+        return ClusterError(f"{what}: the API server rejected the credentials (401); refresh them")
+    if exc.status == 403:
+        return ClusterError(
+            f"{what}: forbidden (403). The identity in use lacks the Role charts/envace grants "
+            "(rbac.create); bind it through rbac.extraSubjects or run as the chart's ServiceAccount"
+        )
+    if exc.status == 409:
+        return ClusterError(f"{what}: it already exists; pick another --name")
+    detail = (exc.body or exc.reason or "").strip()[:300]
+    return ClusterError(f"{what}: HTTP {exc.status}: {detail}")
+
+
+@contextlib.contextmanager
+def api_errors(what: str, host: str) -> Iterator[None]:
+    """Turn API and connection failures inside the block into ClusterErrors about `what`."""
+    try:
+        yield
+    except ApiException as exc:
+        raise _api_error(exc, what) from exc
+    except HTTPError as exc:
+        raise ClusterError(
+            f"{what}: cannot reach the Kubernetes API server at {host} ({exc.__class__.__name__}); "
+            "check --kubeconfig / --context and that the cluster is up"
+        ) from exc
+
+
+def _in_cluster() -> bool:
+    default = os.path.expanduser(k8s_config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.path.exists(default)
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[Any, str]:
+    """An ApiClient and the namespace of the active context (in-cluster: the pod's namespace)."""
+    configuration = k8s.Configuration()
+    if kubeconfig is None and context is None and _in_cluster():
+        k8s_config.load_incluster_config(client_configuration=configuration)
+        with open(_SA_NAMESPACE) as handle:
+            namespace = handle.read().strip()
+        return k8s.ApiClient(configuration), namespace
+    try:
+        k8s_config.load_kube_config(
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
+        contexts, active = k8s_config.list_kube_config_contexts(kubeconfig)
+    except (k8s_config.ConfigException, OSError) as exc:
+        raise ClusterError(
+            f"cannot load the kubeconfig ({kubeconfig or os.environ.get('KUBECONFIG', '~/.kube/config')}): "
+            f"{exc}. Pass --kubeconfig FILE / --context NAME, or set KUBECONFIG"
+        ) from exc
+    chosen = next((c for c in contexts if c["name"] == context), active) if context else active
+    namespace = chosen.get("context", {}).get("namespace") or "default"
+    configuration.retries = 1
+    return k8s.ApiClient(configuration), namespace
+
+
+@dataclass
+class TrainJobClient:
+    """TrainJobs (and their config ConfigMaps) of one namespace."""
+
+    api_client: Any
+    namespace: str
+    custom: Any = field(init=False)
+    core: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.custom = k8s.CustomObjectsApi(self.api_client)
+        self.core = k8s.CoreV1Api(self.api_client)
+
+    @property
+    def host(self) -> str:
+        return str(self.api_client.configuration.host)
+
+    def _call(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return api_errors(what, self.host)
+
+    def preflight(self, runtime: str, runtime_kind: str = "TrainingRuntime") -> None:
+        """Fail with the fix when Kubeflow Trainer or the referenced runtime is missing."""
+        try:
+            with self._call("checking the Kubeflow Trainer API"):
+                resources = self.custom.get_api_resources(
+                    GROUP, VERSION, _request_timeout=_REQUEST_TIMEOUT
+                )
+        except ClusterError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                raise ClusterError(
+                    f"Kubeflow Trainer is not installed on the cluster at {self.host}: it does not "
+                    f"serve {GROUP}/{VERSION}. Install Kubeflow Trainer v2 with JobSet, then "
+                    f"charts/envace ({_PREREQ_HELP})"
+                ) from exc
+            raise
+        served = {resource.name for resource in resources.resources or []}
+        if PLURAL not in served:
+            raise ClusterError(
+                f"{GROUP}/{VERSION} on {self.host} serves no '{PLURAL}' (found: "
+                f"{', '.join(sorted(served)) or 'nothing'}); install Kubeflow Trainer v2 ({_PREREQ_HELP})"
+            )
+        self.check_runtime(runtime, runtime_kind)
+
+    def check_runtime(self, runtime: str, runtime_kind: str) -> None:
+        """Fail with the install command when the referenced training runtime does not exist."""
+        where = "the cluster" if runtime_kind == "ClusterTrainingRuntime" else f"namespace {self.namespace}"
+        try:
+            with self._call(f"reading {runtime_kind} {runtime!r}"):
+                if runtime_kind == "ClusterTrainingRuntime":
+                    self.custom.get_cluster_custom_object(
+                        GROUP, VERSION, "clustertrainingruntimes", runtime,
+                        _request_timeout=_REQUEST_TIMEOUT,
+                    )
+                else:
+                    self.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, "trainingruntimes", runtime,
+                        _request_timeout=_REQUEST_TIMEOUT,
+                    )
+        except ClusterError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                raise ClusterError(
+                    f"{runtime_kind} {runtime!r} not found in {where}: install it with "
+                    f"`helm install envace charts/envace -n {self.namespace}` or pass --runtime"
+                ) from exc
+            raise
+
+    def create(self, spec: TrainJobSpec, config_text: str) -> dict[str, Any]:
+        """Create the TrainJob, then its config ConfigMap owned by it; returns the created TrainJob.
+
+        The ConfigMap comes second so it can carry the TrainJob's uid as owner (garbage-collected
+        with it); pods wait for it to appear. If it cannot be created the TrainJob is removed again.
+        """
+        body = build_trainjob(spec)
+        with self._call(f"creating TrainJob {self.namespace}/{spec.name}"):
+            created: dict[str, Any] = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body, _request_timeout=_REQUEST_TIMEOUT
+            )
+        config_map = build_config_map(spec, config_text, owner=created)
+        try:
+            with self._call(f"creating ConfigMap {config_map['metadata']['name']}"):
+                self.core.create_namespaced_config_map(
+                    self.namespace, config_map, _request_timeout=_REQUEST_TIMEOUT
+                )
+        except ClusterError:
+            self.delete(spec.name)
+            raise
+        return created
+
+    def get(self, name: str) -> dict[str, Any]:
+        with self._call(f"reading TrainJob {self.namespace}/{name}"):
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=_REQUEST_TIMEOUT
+            )
+        return obj
+
+    def delete(self, name: str) -> None:
+        """Delete the TrainJob; its JobSet, pods and config ConfigMap are garbage-collected."""
+        with self._call(f"deleting TrainJob {self.namespace}/{name}"):
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name,
+                propagation_policy="Background", _request_timeout=_REQUEST_TIMEOUT,
+            )
+
+
+def _true_conditions(status: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        str(c.get("type")): str(c.get("message") or c.get("reason") or "")
+        for c in status.get("conditions") or []
+        if c.get("status") == "True"
+    }
+
+
+def _jobs_summary(status: Mapping[str, Any]) -> str:
+    parts = []
+    for job in status.get("jobsStatus") or []:
+        counts = " ".join(
+            f"{key}={job[key]}"
+            for key in ("active", "ready", "succeeded", "failed", "suspended")
+            if job.get(key)
+        )
+        parts.append(f"{job.get('name', '?')}: {counts or 'no pods'}")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class TrainJobState:
+    """What a TrainJob's status says, reduced to what a person following it needs."""
+
+    phase: str
+    message: str = ""
+    jobs: str = ""
+    progress: int | None = None
+    eta_seconds: int | None = None
+    metrics: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> TrainJobState:
+        status = obj.get("status") or {}
+        conditions = _true_conditions(status)
+        jobs = _jobs_summary(status)
+        phase = "Pending"
+        for decisive in ("Complete", "Failed", "Suspended"):
+            if decisive in conditions:
+                phase = decisive
+                break
+        else:
+            if any(j.get("active") or j.get("ready") for j in status.get("jobsStatus") or []):
+                phase = "Running"
+        trainer = status.get("trainerStatus") or {}
+        return cls(
+            phase=phase,
+            message=conditions.get(phase, ""),
+            jobs=jobs,
+            progress=trainer.get("progressPercentage"),
+            eta_seconds=trainer.get("estimatedRemainingSeconds"),
+            metrics=tuple((str(m["name"]), str(m["value"])) for m in trainer.get("metrics") or []),
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Complete", "Failed")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.phase == "Complete"
+
+    def describe(self) -> str:
+        """One line, e.g. `Running | node: active=2 ready=2 | 42% | ETA 0:13:20 | loss=0.53`."""
+        parts = [self.phase]
+        if self.jobs:
+            parts.append(self.jobs)
+        if self.progress is not None:
+            parts.append(f"{self.progress}%")
+        if self.eta_seconds is not None:
+            parts.append(f"ETA {timedelta(seconds=self.eta_seconds)}")
+        if self.metrics:
+            parts.append(" ".join(f"{name}={value}" for name, value in self.metrics))
+        if self.message:
+            parts.append(self.message)
+        return " | ".join(parts)
+
+
+def follow(
+    api: TrainJobReader,
+    name: str,
+    *,
+    interval: float,
+    emit: Callable[[str], None],
+    timeout: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> TrainJobState:
+    """Poll the TrainJob until it completes or fails, emitting a line whenever its state changes.
+
+    Polling rather than a watch stream: a watch silently ends on API-server timeouts and proxies,
+    and a TrainJob changes state rarely. Raises FollowTimeoutError after `timeout` seconds.
+    """
+    deadline = None if timeout is None else clock() + timeout
+    last = ""
+    while True:
+        state = TrainJobState.from_object(api.get(name))
+        line = state.describe()
+        if line != last:
+            emit(f"{api.namespace}/{name}: {line}")
+            last = line
+        if state.finished:
+            return state
+        if deadline is not None and clock() >= deadline:
+            raise FollowTimeoutError(
+                f"TrainJob {api.namespace}/{name} did not finish within {timeout:g} s (last state: "
+                f"{state.phase}); raise --timeout or follow it with `envace cluster status {name} --follow`"
+            )
+        sleep(interval)

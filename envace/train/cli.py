@@ -1,0 +1,78 @@
+"""`envace run` (the whole method on one machine) and `envace train` (the training job)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, help="YAML config (see configs/)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value, e.g. --set train.iterations=5 (repeatable)",
+    )
+    p.add_argument(
+        "--store",
+        default=None,
+        help="artifact store URI (a folder, minio://bucket/prefix or s3://...); default: --out",
+    )
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser(
+        "run",
+        help="the whole method on CPU: tasks, warm start, RL with world rehearsal, evaluation",
+        description="Generate tasks, warm-start both roles, train with world rehearsal (role-wise "
+        "GRPO), and evaluate untrained / warm start / after RL on held-out tasks in the real worlds.",
+    )
+    _common(run)
+    run.add_argument("--out", type=Path, default=Path("runs/local"), help="output folder")
+    run.set_defaults(func=_run)
+    train = sub.add_parser(
+        "train",
+        help="the training job (warm start + RL) as run by a Kubeflow TrainJob / pipeline step",
+        description="Same stages as `envace run`, keyed by --run-name in the store; under torchrun "
+        "only rank 0 writes reports.",
+    )
+    _common(train)
+    train.add_argument("--run-name", default="envace", help="folder of this run in the store")
+    train.add_argument("--work-dir", type=Path, default=None, help="local scratch (default: ./runs/NAME)")
+    train.set_defaults(func=_train)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from envace.config import load_config
+    from envace.train.run import run_main
+
+    cfg = load_config(args.config, args.overrides)
+    run_main(cfg, args.out, store=args.store, resume=args.resume)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from envace.config import load_config
+    from envace.storage.uri import join_uri
+    from envace.train.run import run_main
+
+    cfg = load_config(args.config, args.overrides)
+    work = args.work_dir or Path("runs") / args.run_name
+    store = join_uri(args.store, args.run_name) if args.store else None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and cfg.train.engine != "deepspeed":
+        from envace.errors import ConfigError
+
+        raise ConfigError(
+            f"train.engine: 'torch' runs on one process but WORLD_SIZE={os.environ['WORLD_SIZE']}; "
+            "set train.engine: deepspeed for multi-process jobs"
+        )
+    run_main(cfg, work, store=store, resume=args.resume)
+    return 0

@@ -1,0 +1,465 @@
+"""`envace run`: the whole method on one machine.
+
+generate tasks -> build (or load) the model -> evaluate untrained -> warm start -> evaluate ->
+RL with world rehearsal -> evaluate, with a progress bar per stage, a final comparison table,
+metrics.jsonl / summary.json / a PNG plot / TensorBoard events, and checkpoints committed to the
+artifact store (a local folder by default) with manifests, so `--resume` continues from the
+newest complete one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace.config import Config
+from envace.evaluate.report import atomic_write_text
+from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
+from envace.policy.chat import ChatRenderer
+from envace.policy.hf_backend import TransformersBackend
+from envace.policy.types import SamplingParams
+from envace.report import text_table
+from envace.rollout.engine import RolloutConfig
+from envace.rollout.grading import TaskGrader
+from envace.rollout.policies import ModelPolicy, Policy
+from envace.tasks.model import Task
+from envace.train.engine import TorchEngine
+from envace.train.rl import RLTrainer, RoleLearner
+from envace.train.sft import build_sft_rows, run_sft
+from envace.train.tracking import MetricsLogger, plot_progress
+
+__all__ = ["RunPaths", "TaskSplits", "load_splits", "prepare_tasks", "run_main"]
+
+log = logging.getLogger(__name__)
+
+STAGE_NAMES = ("untrained", "warm_start", "rl")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    out: Path
+    store: str  # URI every artifact directory is committed to (default: `out` itself)
+
+    @property
+    def tasks(self) -> Path:
+        return self.out / "tasks"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.out / "checkpoints"
+
+    def store_uri(self, local: Path) -> str:
+        from envace.storage.uri import join_uri
+
+        return join_uri(self.store, local.relative_to(self.out).as_posix())
+
+    def commit(self, local: Path) -> str:
+        """Commit a finished artifact directory (manifest written last)."""
+        from envace.storage.artifacts import commit_dir
+
+        uri = self.store_uri(local)
+        commit_dir(local, uri)
+        return uri
+
+
+@dataclass(frozen=True)
+class TaskSplits:
+    train: list[Task]
+    test: list[Task]
+    gold: dict[str, list[dict[str, Any]]]
+
+
+# --- tasks ------------------------------------------------------------------------------------
+def prepare_tasks(cfg: Config, paths: RunPaths) -> Path:
+    """Generate the synthetic splits (or copy the configured files) into OUT/tasks, committed."""
+    import shutil
+
+    from envace.tasks.generate import write_splits
+
+    t = cfg.tasks
+    paths.tasks.mkdir(parents=True, exist_ok=True)
+    if t.train_file is None:
+        write_splits(paths.tasks, t.n_train, t.n_test, t.seed)
+    else:
+        for src, name in (
+            (t.train_file, "train.jsonl"),
+            (t.test_file, "test.jsonl"),
+            (t.gold_file, "gold_train.jsonl"),
+        ):
+            if src is not None:
+                shutil.copyfile(src, paths.tasks / name)
+    paths.commit(paths.tasks)
+    return paths.tasks
+
+
+def load_splits(tasks_dir: Path) -> TaskSplits:
+    from envace.tasks.loader import load_tasks
+
+    train = load_tasks(tasks_dir / "train.jsonl").tasks
+    test_path = tasks_dir / "test.jsonl"
+    test = load_tasks(test_path).tasks if test_path.exists() else []
+    gold: dict[str, list[dict[str, Any]]] = {}
+    gold_path = tasks_dir / "gold_train.jsonl"
+    if gold_path.exists():
+        for line in gold_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                gold[rec["task_id"]] = rec["messages"]
+    return TaskSplits(train, test, gold)
+
+
+# --- model ------------------------------------------------------------------------------------
+def rollout_config(cfg: Config, *, eval_mode: bool = False) -> RolloutConfig:
+    r = cfg.rollout
+    temp = cfg.eval.temperature if eval_mode else r.temperature
+    return RolloutConfig(
+        mode=r.mode,
+        caller_sampling=SamplingParams(
+            r.caller_max_new_tokens, temp, 1.0 if eval_mode else r.top_p
+        ),
+        simulator_sampling=SamplingParams(
+            r.simulator_max_new_tokens, temp, 1.0 if eval_mode else r.top_p
+        ),
+        max_steps_per_turn=r.max_steps_per_turn,
+        max_calls_per_message=r.max_calls_per_message,
+        max_context_tokens=r.max_context_tokens,
+        max_sim_prompt_tokens=r.max_sim_prompt_tokens,
+        grounding=r.grounding,
+        sim_whitelist=r.sim_whitelist,
+        think_switch="/think" if cfg.model.enable_thinking else "",
+    )
+
+
+def tokenizer_corpus(cfg: Config, splits: TaskSplits) -> list[str]:
+    """Texts the tiny tokenizer is trained on: every warm-start prompt and response, rendered."""
+    from envace.policy.tiny import build_tokenizer
+
+    bootstrap = ChatRenderer(build_tokenizer(["<|im_start|>"], vocab_size=300))
+    roomy = dataclasses.replace(
+        rollout_config(cfg), max_context_tokens=10**6, max_sim_prompt_tokens=10**6
+    )
+    rows, _ = build_sft_rows(splits.train, splits.gold, bootstrap, roomy, 0.5, cfg.seed)
+    tok = bootstrap.tokenizer
+    return [tok.decode(r.prompt_ids + r.response_ids) for r in rows]
+
+
+def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any]:
+    """The configured checkpoint, or the embedded tiny model with a tokenizer trained here."""
+    from envace.policy.tiny import build_tiny_model, build_tokenizer, save_checkpoint
+
+    if cfg.model.path is not None:
+        from envace.policy.hf_backend import load_model_and_tokenizer
+
+        return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype)
+    tokenizer = build_tokenizer(tokenizer_corpus(cfg, splits), cfg.model.vocab_size)
+    model = build_tiny_model(tokenizer, cfg.model.preset, seed=cfg.seed)
+    save_checkpoint(model, tokenizer, out_dir)
+    return model, tokenizer
+
+
+def model_policy(model: Any, tokenizer: Any, cfg: Config, trainable: bool = True) -> ModelPolicy:
+    backend = TransformersBackend(model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+    return ModelPolicy(backend, ChatRenderer(tokenizer, cfg.model.enable_thinking), trainable)
+
+
+def evaluate_model(
+    model: Any, tokenizer: Any, cfg: Config, tasks: Sequence[Task], desc: str
+) -> EvalResult:
+    subset = list(tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks)
+    torch.manual_seed(cfg.seed)
+    log.info("evaluating %s on %d held-out tasks", desc, len(subset))
+    return evaluate_policy(
+        model_policy(model, tokenizer, cfg, trainable=False),
+        subset,
+        rollout_config(cfg, eval_mode=True),
+        probe_fidelity=cfg.eval.probe_fidelity,
+        n=cfg.eval.n,
+        progress=True,
+    )
+
+
+# --- stages -----------------------------------------------------------------------------------
+def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> dict[str, Any]:
+    renderer = ChatRenderer(tokenizer, cfg.model.enable_thinking)
+    w = cfg.warm_start
+    rows, broken = build_sft_rows(
+        splits.train, splits.gold, renderer, rollout_config(cfg), w.grounding_dropout, cfg.seed
+    )
+    rows = [r for r in rows if r.length <= w.max_tokens]
+    steps = max(1, round(w.epochs * len(rows) / w.batch_rows))
+    engine = TorchEngine(
+        model,
+        w.lr,
+        cfg.train.weight_decay,
+        cfg.train.grad_clip,
+        "cosine",
+        min(20, steps // 10),
+        steps,
+    )
+    stats = run_sft(
+        engine,
+        rows,
+        epochs=w.epochs,
+        batch_rows=w.batch_rows,
+        pad_id=renderer.pad_id,
+        seed=cfg.seed,
+    )
+    return {
+        "rows": stats.rows,
+        "steps": stats.steps,
+        "final_loss": stats.final_loss,
+        "skipped_gold": broken,
+    }
+
+
+def _simulator(cfg: Config, model: Any, tokenizer: Any) -> tuple[Policy | None, Any]:
+    """The tool-result writer besides the policy: (policy or None, a model to train or None)."""
+    r = cfg.rollout
+    if r.mode == "external":
+        if r.external_endpoint:
+            from envace.policy.openai_http import OpenAIChatClient
+            from envace.rollout.policies import ChatPolicy
+
+            return ChatPolicy(
+                OpenAIChatClient(r.external_endpoint, r.external_endpoint_model)
+            ), None
+        if r.external_model:
+            from envace.policy.hf_backend import load_model_and_tokenizer
+
+            m, t = load_model_and_tokenizer(r.external_model)
+            return model_policy(m, t, cfg, trainable=False), None
+        return model_policy(copy.deepcopy(model).eval(), tokenizer, cfg, trainable=False), None
+    if cfg.algo.sharing == "noshare" and r.mode == "rehearsal":
+        sim_model = copy.deepcopy(model)
+        return model_policy(sim_model, tokenizer, cfg, trainable=True), sim_model
+    return None, None
+
+
+def _engine(cfg: Config, model: Any) -> TorchEngine:
+    t = cfg.train
+    steps = max(1, t.iterations * t.ppo_epochs)
+    return TorchEngine(
+        model, t.lr, t.weight_decay, t.grad_clip, t.lr_schedule, t.warmup_iterations, steps
+    )
+
+
+def _save_rl_checkpoint(
+    paths: RunPaths, it: int, learners: Sequence[tuple[str, Any, TorchEngine]], tokenizer: Any
+) -> str:
+    import random as _random
+
+    from envace.storage.checkpoints import checkpoint_name
+
+    ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
+    for name, _model, engine in learners:
+        engine.save_model(ckpt / name, tokenizer)
+    state = {
+        "iteration": it,
+        "engines": {name: engine.state_dict() for name, _m, engine in learners},
+        "rng": {"torch": torch.get_rng_state(), "python": _random.getstate()},
+    }
+    torch.save(state, ckpt / "trainer_state.pt")
+    return paths.commit(ckpt)
+
+
+def _resume_point(paths: RunPaths) -> Path | None:
+    from envace.storage.artifacts import fetch_dir
+    from envace.storage.checkpoints import latest_complete
+    from envace.storage.uri import join_uri
+
+    uri = latest_complete(join_uri(paths.store, "checkpoints/rl"))
+    if uri is None:
+        return None
+    local = paths.checkpoints / "rl" / uri.rstrip("/").rsplit("/", 1)[-1]
+    fetch_dir(uri, local)
+    return local
+
+
+def rl_stage(
+    cfg: Config,
+    paths: RunPaths,
+    model: Any,
+    tokenizer: Any,
+    splits: TaskSplits,
+    logger: MetricsLogger,
+    resume_from: Path | None,
+    eval_hook: Callable[[Any], float] | None = None,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """RL iterations; returns the trained policy model and the per-iteration records."""
+    start = 0
+    if resume_from is not None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(resume_from / "policy")
+    sim_policy, sim_model = _simulator(cfg, model, tokenizer)
+    if resume_from is not None and sim_model is not None:
+        from transformers import AutoModelForCausalLM
+
+        sim_model = AutoModelForCausalLM.from_pretrained(resume_from / "simulator")
+        sim_policy = model_policy(sim_model, tokenizer, cfg, trainable=True)
+    pad = ChatRenderer(tokenizer).pad_id
+    engines = [("policy", model, _engine(cfg, model))]
+    if sim_model is not None:
+        engines.append(("simulator", sim_model, _engine(cfg, sim_model)))
+        learners = [
+            RoleLearner(engines[0][2], frozenset({"caller"}), pad),
+            RoleLearner(engines[1][2], frozenset({"simulator"}), pad),
+        ]
+    else:
+        learners = [RoleLearner(engines[0][2], frozenset({"caller", "simulator"}), pad)]
+    if resume_from is not None:
+        import random as _random
+
+        state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+        for name, _m, engine in engines:
+            engine.load_state_dict(state["engines"][name])
+        torch.set_rng_state(state["rng"]["torch"])
+        _random.setstate(state["rng"]["python"])
+        start = int(state["iteration"])
+        logger.truncate_after(start)
+        log.info("resumed RL from %s at iteration %d", resume_from, start)
+    trainer = RLTrainer(
+        cfg,
+        splits.train,
+        model_policy(model, tokenizer, cfg),
+        learners,
+        TaskGrader(),
+        simulator=sim_policy,
+        make_env=make_task_environment if cfg.rollout.mode == "real" else None,
+    )
+    records: list[dict[str, Any]] = []
+    from tqdm import tqdm
+
+    t = cfg.train
+    bar = tqdm(range(start, t.iterations), desc="RL", unit="it", initial=start, total=t.iterations)
+    for it in bar:
+        rec = trainer.iteration(it)
+        if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
+            rec["eval/success_rate"] = eval_hook(model)
+        logger.log(rec)
+        records.append(rec)
+        bar.set_postfix(
+            reward=f"{rec['reward/mean']:.2f}", success=f"{rec['reward/success_rate']:.2f}"
+        )
+        if (it + 1) % t.save_every == 0 or it + 1 == t.iterations:
+            _save_rl_checkpoint(paths, it + 1, engines, tokenizer)
+    return model, records
+
+
+# --- the main job -----------------------------------------------------------------------------
+def _stage_metrics(result: EvalResult) -> dict[str, Any]:
+    m = result.metrics
+    return {
+        "success_rate": m.success_rate,
+        "valid_call_rate": m.valid_call_rate,
+        "rehearsal_fidelity": m.rehearsal_fidelity,
+        "per_turn_score": m.per_turn_score,
+        "rehearsal_field_fidelity": m.rehearsal_field_fidelity,
+        "error_flag_recall": m.error_flag_recall,
+        "n_tasks": m.n_tasks,
+    }
+
+
+def run_main(
+    cfg: Config, out: Path, store: str | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Run the whole method; returns the summary written to OUT/summary.json."""
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths(out, store or str(out))
+    atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+    stages_path = out / "stages.json"
+    stages: dict[str, Any] = (
+        json.loads(stages_path.read_text()) if resume and stages_path.exists() else {}
+    )
+    resume_from = _resume_point(paths) if resume else None
+    if resume_from is None or not (paths.tasks / "train.jsonl").exists():
+        prepare_tasks(cfg, paths)
+    splits = load_splits(paths.tasks)
+    if resume_from is not None:
+        from envace.policy.hf_backend import load_model_and_tokenizer
+
+        model, tokenizer = load_model_and_tokenizer(resume_from / "policy")
+    else:
+        model, tokenizer = init_model(cfg, splits, paths.checkpoints / "init")
+        stages = {}
+
+    def record(name: str, result: EvalResult) -> None:
+        stages[name] = _stage_metrics(result)
+        atomic_write_text(stages_path, json.dumps(stages, indent=2) + "\n")
+
+    if "untrained" not in stages:
+        record("untrained", evaluate_model(model, tokenizer, cfg, splits.test, "untrained"))
+    if resume_from is None and cfg.warm_start.enabled:
+        stages["warm_start_training"] = warm_start(cfg, model, tokenizer, splits)
+        ws_dir = paths.checkpoints / "warm_start"
+        TorchEngine(model, 1.0).save_model(ws_dir, tokenizer)
+        paths.commit(ws_dir)
+        record("warm_start", evaluate_model(model, tokenizer, cfg, splits.test, "warm start"))
+    logger = MetricsLogger(out, cfg.tensorboard, cfg.wandb_project, cfg.to_dict())
+
+    def eval_hook(m: Any) -> float:
+        return (
+            evaluate_model(m, tokenizer, cfg, splits.test, "during RL").metrics.success_rate or 0.0
+        )
+
+    try:
+        model, records = rl_stage(
+            cfg, paths, model, tokenizer, splits, logger, resume_from, eval_hook
+        )
+    finally:
+        logger.close()
+    if cfg.train.iterations > 0:
+        record("rl", evaluate_model(model, tokenizer, cfg, splits.test, "after RL"))
+    all_records = (
+        [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        if (out / "metrics.jsonl").exists()
+        else records
+    )
+    evals = {
+        k: v["success_rate"]
+        for k, v in stages.items()
+        if k in STAGE_NAMES and v.get("success_rate") is not None
+    }
+    plot = plot_progress(all_records, evals, out / "progress.png")
+    final = paths.checkpoints / "final"
+    TorchEngine(model, 1.0).save_model(final, tokenizer)
+    paths.commit(final)
+    summary = {
+        "stages": {k: v for k, v in stages.items() if k in STAGE_NAMES},
+        "warm_start_training": stages.get("warm_start_training"),
+        "wall_seconds": time.perf_counter() - t0,
+        "resumed_from": str(resume_from) if resume_from else None,
+        "artifacts": {
+            "metrics": str(out / "metrics.jsonl"),
+            "summary": str(out / "summary.json"),
+            "plot": str(plot),
+            "tensorboard": str(out / "tensorboard"),
+            "final_checkpoint": paths.store_uri(final),
+            "store": paths.store,
+        },
+    }
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary)
+    return summary
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    rows = [
+        (name, s.get("success_rate"), s.get("valid_call_rate"), s.get("rehearsal_fidelity"))
+        for name, s in summary["stages"].items()
+    ]
+    print()
+    print(text_table(["stage", "success_rate", "valid_call_rate", "rehearsal_fidelity"], rows))
+    print(f"\nwall time: {summary['wall_seconds']:.0f} s")
+    for k, v in summary["artifacts"].items():
+        print(f"{k:>17}: {v}")
