@@ -55,13 +55,17 @@ def _gpu_check(api_client: Any, host: str) -> Check:
     gpu_nodes = {name: count for name, count in per_node.items() if count > 0}
     if not gpu_nodes:
         return Check(
-            "NVIDIA device plugin", False, False,
+            "NVIDIA device plugin",
+            False,
+            False,
             f"no node has allocatable {GPU_RESOURCE} ({len(per_node)} nodes): install the NVIDIA "
             "device plugin or GPU Operator on the GPU pool (CPU-only clusters run the CPU image)",
         )
     listing = ", ".join(f"{name}: {count}" for name, count in sorted(gpu_nodes.items()))
     total = sum(gpu_nodes.values())
-    return Check("NVIDIA device plugin", True, False, f"{total} GPUs on {len(gpu_nodes)} nodes ({listing})")
+    return Check(
+        "NVIDIA device plugin", True, False, f"{total} GPUs on {len(gpu_nodes)} nodes ({listing})"
+    )
 
 
 def check_cluster(
@@ -71,10 +75,21 @@ def check_cluster(
     host = str(api_client.configuration.host)
     groups = _served_groups(api_client, host)
     checks = [
-        _api_check(groups, "Kubeflow Trainer", GROUP, VERSION, True,
-                   "install Kubeflow Trainer v2 (docs/cluster.md, Prerequisites)"),
-        _api_check(groups, "JobSet", *_JOBSET, True,
-                   "install JobSet (the Kubeflow Trainer manager overlay includes it)"),
+        _api_check(
+            groups,
+            "Kubeflow Trainer",
+            GROUP,
+            VERSION,
+            True,
+            "install Kubeflow Trainer v2 (docs/cluster.md, Prerequisites)",
+        ),
+        _api_check(
+            groups,
+            "JobSet",
+            *_JOBSET,
+            True,
+            "install JobSet (the Kubeflow Trainer manager overlay includes it)",
+        ),
     ]
     if checks[0].ok:
         try:
@@ -83,8 +98,13 @@ def check_cluster(
         except ClusterError as exc:
             checks.append(Check("EnvACE runtime", False, True, str(exc)))
     checks.append(
-        _api_check(groups, "Kubeflow Pipelines (Argo)", *_ARGO, False,
-                   "only needed for pipeline runs; install Kubeflow Pipelines v2")
+        _api_check(
+            groups,
+            "Kubeflow Pipelines (Argo)",
+            *_ARGO,
+            False,
+            "only needed for pipeline runs; install Kubeflow Pipelines v2",
+        )
     )
     checks.append(_gpu_check(api_client, host))
     return checks

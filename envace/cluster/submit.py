@@ -114,9 +114,10 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[
         )
         contexts, active = k8s_config.list_kube_config_contexts(kubeconfig)
     except (k8s_config.ConfigException, OSError) as exc:
+        source = kubeconfig or os.environ.get("KUBECONFIG", "~/.kube/config")
         raise ClusterError(
-            f"cannot load the kubeconfig ({kubeconfig or os.environ.get('KUBECONFIG', '~/.kube/config')}): "
-            f"{exc}. Pass --kubeconfig FILE / --context NAME, or set KUBECONFIG"
+            f"cannot load the kubeconfig ({source}): {exc}. "
+            "Pass --kubeconfig FILE / --context NAME, or set KUBECONFIG"
         ) from exc
     chosen = next((c for c in contexts if c["name"] == context), active) if context else active
     namespace = chosen.get("context", {}).get("namespace") or "default"
@@ -163,23 +164,35 @@ class TrainJobClient:
         if PLURAL not in served:
             raise ClusterError(
                 f"{GROUP}/{VERSION} on {self.host} serves no '{PLURAL}' (found: "
-                f"{', '.join(sorted(served)) or 'nothing'}); install Kubeflow Trainer v2 ({_PREREQ_HELP})"
+                f"{', '.join(sorted(served)) or 'nothing'}); "
+                f"install Kubeflow Trainer v2 ({_PREREQ_HELP})"
             )
         self.check_runtime(runtime, runtime_kind)
 
     def check_runtime(self, runtime: str, runtime_kind: str) -> None:
         """Fail with the install command when the referenced training runtime does not exist."""
-        where = "the cluster" if runtime_kind == "ClusterTrainingRuntime" else f"namespace {self.namespace}"
+        where = (
+            "the cluster"
+            if runtime_kind == "ClusterTrainingRuntime"
+            else f"namespace {self.namespace}"
+        )
         try:
             with self._call(f"reading {runtime_kind} {runtime!r}"):
                 if runtime_kind == "ClusterTrainingRuntime":
                     self.custom.get_cluster_custom_object(
-                        GROUP, VERSION, "clustertrainingruntimes", runtime,
+                        GROUP,
+                        VERSION,
+                        "clustertrainingruntimes",
+                        runtime,
                         _request_timeout=_REQUEST_TIMEOUT,
                     )
                 else:
                     self.custom.get_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, "trainingruntimes", runtime,
+                        GROUP,
+                        VERSION,
+                        self.namespace,
+                        "trainingruntimes",
+                        runtime,
                         _request_timeout=_REQUEST_TIMEOUT,
                     )
         except ClusterError as exc:
@@ -223,8 +236,13 @@ class TrainJobClient:
         """Delete the TrainJob; its JobSet, pods and config ConfigMap are garbage-collected."""
         with self._call(f"deleting TrainJob {self.namespace}/{name}"):
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name,
-                propagation_policy="Background", _request_timeout=_REQUEST_TIMEOUT,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                propagation_policy="Background",
+                _request_timeout=_REQUEST_TIMEOUT,
             )
 
 
@@ -333,7 +351,8 @@ def follow(
             return state
         if deadline is not None and clock() >= deadline:
             raise FollowTimeoutError(
-                f"TrainJob {api.namespace}/{name} did not finish within {timeout:g} s (last state: "
-                f"{state.phase}); raise --timeout or follow it with `envace cluster status {name} --follow`"
+                f"TrainJob {api.namespace}/{name} did not finish within {timeout:g} s "
+                f"(last state: {state.phase}); raise --timeout or follow it with "
+                f"`envace cluster status {name} --follow`"
             )
         sleep(interval)

@@ -60,7 +60,9 @@ _CONFIG_VOLUME = "envace-job-config"
 # 63-character DNS label: a TrainJob name longer than this breaks rendezvous by hostname.
 MAX_NAME_LENGTH = 40
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _LABELS = {"app.kubernetes.io/part-of": "envace", "app.kubernetes.io/component": "train"}
 
@@ -291,4 +293,9 @@ def build_config_map(
                 "uid": owner["metadata"]["uid"],
             }
         ]
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {CONFIG_KEY: config_text}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {CONFIG_KEY: config_text},
+    }

@@ -266,9 +266,7 @@ class FlakyProxy:
 @pytest.fixture
 def flaky_proxy(moto_endpoint: Endpoint) -> Iterator[FlakyProxy]:
     plan = FaultPlan()
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), _make_handler(moto_endpoint, plan)
-    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(moto_endpoint, plan))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()

@@ -118,7 +118,9 @@ def test_same_size_corruption_needs_deep_verify_and_fetch_refuses_it(
     uri = join_uri(store_root.uri, "flip")
     commit_dir(tmp_path / "src", uri, store_root.config)
     original = files["model-00002-of-00002.safetensors"]
-    _overwrite(store_root, uri, "model-00002-of-00002.safetensors", bytes([original[0] ^ 1]) + original[1:])
+    _overwrite(
+        store_root, uri, "model-00002-of-00002.safetensors", bytes([original[0] ^ 1]) + original[1:]
+    )
 
     verify(uri, store_root.config)  # sizes still match: the shallow check cannot see it
     with pytest.raises(ArtifactIntegrityError, match="sha256 differs"):

@@ -40,7 +40,9 @@ def _commit(tmp_path: Path, prefix: str, step: int, config: Any) -> str:
     return uri
 
 
-def test_latest_skips_partial_and_corrupt_newer_checkpoints(store_root: Any, tmp_path: Path) -> None:
+def test_latest_skips_partial_and_corrupt_newer_checkpoints(
+    store_root: Any, tmp_path: Path
+) -> None:
     prefix = f"{store_root.uri}/checkpoints"
     cfg = store_root.config
     assert latest_complete(prefix, cfg) is None

@@ -16,7 +16,11 @@ SHA = hashlib.sha256(b"x").hexdigest()
 
 def test_round_trip_is_sorted_and_exact() -> None:
     manifest = Manifest.build(
-        [ManifestEntry("b/z.bin", 10, SHA), ManifestEntry("a.json", 1, SHA), ManifestEntry("é.txt", 0, SHA)]
+        [
+            ManifestEntry("b/z.bin", 10, SHA),
+            ManifestEntry("a.json", 1, SHA),
+            ManifestEntry("é.txt", 0, SHA),
+        ]
     )
     assert [e.path for e in manifest.files] == ["a.json", "b/z.bin", "é.txt"]
     assert manifest.total_size == 11

@@ -33,7 +33,12 @@ from envace.storage import (
 from envace.storage.s3 import S3Store
 
 MiB = 1024 * 1024
-UNICODE_KEYS = ["données/été.json", "日本語/キー.txt", "emoji/🚀 launch.bin", "sp ace/+plus&amp=%20"]
+UNICODE_KEYS = [
+    "données/été.json",
+    "日本語/キー.txt",
+    "emoji/🚀 launch.bin",
+    "sp ace/+plus&amp=%20",
+]
 
 
 def test_unicode_keys_round_trip(s3_settings: Any, bucket: str, tmp_path: Path) -> None:
@@ -44,9 +49,10 @@ def test_unicode_keys_round_trip(s3_settings: Any, bucket: str, tmp_path: Path) 
     for i, key in enumerate(UNICODE_KEYS):
         assert store.exists(key)
         assert store.get_bytes(key) == f"payload {i}".encode()
-        assert store.get_file(key, tmp_path / f"{i}.out").sha256 == hashlib.sha256(
-            f"payload {i}".encode()
-        ).hexdigest()
+        assert (
+            store.get_file(key, tmp_path / f"{i}.out").sha256
+            == hashlib.sha256(f"payload {i}".encode()).hexdigest()
+        )
 
 
 def test_hostile_keys_fail_before_any_request(
@@ -162,21 +168,24 @@ def test_bad_credentials_fail_at_once_with_a_clear_error(
     assert verify(uri, good, deep=True).files[0].path == "a.txt"
 
     denied_access, denied_secret = iam_auth["denied"]
+    # (access key, secret key, S3 error code the server gives on a request with a body)
     cases = {
-        "unknown access key": ("AKIANOTAREALKEY00000", secret),
-        "wrong secret": (access, secret[::-1]),
-        "no permission": (denied_access, denied_secret),
+        "unknown access key": ("AKIANOTAREALKEY00000", secret, "InvalidAccessKeyId"),
+        "wrong secret": (access, secret[::-1], "SignatureDoesNotMatch"),
+        "no permission": (denied_access, denied_secret, "AccessDenied"),
     }
     slow_retry = RetryPolicy(max_attempts=5, base_delay=1.0, max_delay=1.0, total_budget_s=30)
-    for what, (ak, sk) in cases.items():
-        for region in ("us-east-1", None):  # HEAD-only path and GetBucketLocation path
+    for what, (ak, sk, code) in cases.items():
+        # region=None: the first request is GetBucketLocation, whose XML body names the code;
+        # a fixed region makes it a HEAD, whose bodiless 403 only says AccessDenied.
+        for region, expected in ((None, code), ("us-east-1", "AccessDenied")):
             settings = make_settings(moto_endpoint, access_key=ak, secret_key=sk, region=region)
             start = time.monotonic()
             with pytest.raises(StoreAccessError) as info:
                 verify(uri, settings, retry=slow_retry)
             assert time.monotonic() - start < 1.0, f"{what}: retried instead of failing"
             message = str(info.value)
-            assert f"refused by {moto_endpoint.url}" in message, what
+            assert f"refused by {moto_endpoint.url}: {expected}" in message, what
             assert "ENVACE_S3_ACCESS_KEY" in message and "AWS_SECRET_ACCESS_KEY" in message
             assert sk not in message
 
@@ -200,7 +209,9 @@ def test_secrets_reach_no_log_record_and_no_error(
     failures = [
         lambda: verify(f"minio://{bucket}/absent", settings),
         lambda: verify("minio://no-bucket-x/s", settings),
-        lambda: verify(f"minio://{bucket}/s", settings.with_overrides(endpoint="127.0.0.1:9"), retry=fast_retry),
+        lambda: verify(
+            f"minio://{bucket}/s", settings.with_overrides(endpoint="127.0.0.1:9"), retry=fast_retry
+        ),
     ]
     for failure in failures:
         with pytest.raises(Exception) as info:
@@ -224,7 +235,9 @@ def test_5xx_is_retried_then_succeeds(
     make_settings: Any, flaky_proxy: Any, bucket: str, fast_retry: RetryPolicy, tmp_path: Path
 ) -> None:
     events: list[RetryEvent] = []
-    store = S3Store(_proxied(make_settings, flaky_proxy), bucket, retry=fast_retry, on_retry=events.append)
+    store = S3Store(
+        _proxied(make_settings, flaky_proxy), bucket, retry=fast_retry, on_retry=events.append
+    )
     flaky_proxy.plan.faults = [("503", 0), ("503", 0)]
     flaky_proxy.plan.only_method = "PUT"
     store.put_bytes(b"survived", "k.txt")
@@ -281,6 +294,8 @@ def test_download_cut_mid_body_resumes_with_a_range_request(
     got = store.get_file("big.bin", tmp_path / "big.out", progress=moved.append)
     assert got == sent and sum(moved) == 20 * MiB + 5
     assert hashlib.sha256((tmp_path / "big.out").read_bytes()).hexdigest() == sent.sha256
-    gets = [(method, rng, fault) for method, _, rng, fault in flaky_proxy.plan.log if method == "GET"]
+    gets = [
+        (method, rng, fault) for method, _, rng, fault in flaky_proxy.plan.log if method == "GET"
+    ]
     assert gets[0] == ("GET", "", "cut")
     assert gets[1] == ("GET", "bytes=8388608-", "")  # one 8 MiB chunk arrived before the cut

@@ -61,26 +61,36 @@ def test_config_mapping_wins_and_secure_flag_parses() -> None:
     [
         ({"endpont": "x"}, {}, "unknown key"),
         ({}, {"ENVACE_S3_SECURE": "maybe"}, "ENVACE_S3_SECURE='maybe' is not a boolean"),
-        ({}, {"ENVACE_S3_ENDPOINT": "http://h:9000", "ENVACE_S3_SECURE": "true"}, "make them agree"),
+        (
+            {},
+            {"ENVACE_S3_ENDPOINT": "http://h:9000", "ENVACE_S3_SECURE": "true"},
+            "make them agree",
+        ),
         ({}, {"ENVACE_S3_ENDPOINT": "ftp://h:9000"}, "http(s)://host:port"),
         ({}, {"ENVACE_S3_ENDPOINT": "http://h:9000/path"}, "without a path"),
         ({"part_size": 1024}, {}, "part_size=1024"),
     ],
 )
-def test_bad_settings_name_the_key(config: dict[str, object], env: dict[str, str], fragment: str) -> None:
+def test_bad_settings_name_the_key(
+    config: dict[str, object], env: dict[str, str], fragment: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         S3Settings.resolve(config, env)
     assert fragment in str(info.value)
 
 
 def test_repr_masks_secrets() -> None:
-    s = S3Settings(endpoint="h:9000", access_key="AKIAVISIBLE", secret_key=SECRET, session_token="tok")
+    s = S3Settings(
+        endpoint="h:9000", access_key="AKIAVISIBLE", secret_key=SECRET, session_token="tok"
+    )
     for text in (repr(s), str(s), f"{s}"):
         assert SECRET not in text and "AKIAVISIBLE" not in text and "tok'" not in text
         assert "secret_key='***'" in text and "endpoint='h:9000'" in text
 
 
-def test_missing_endpoint_or_credentials_name_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_endpoint_or_credentials_name_the_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with pytest.raises(UserInputError) as info:
         S3Settings.from_env({"ENVACE_S3_ENDPOINT": "h:9000"}).require("minio://b0b/x")
     message = str(info.value)

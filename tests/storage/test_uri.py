@@ -43,8 +43,17 @@ def test_hostile_keys_are_rejected(key: str) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["a", "run1/iter_000010/model.safetensors", "données/été.json", "日本語/キー", "emoji/🚀.bin",
-     "spaces are fine/a b", "x" * 1024, "a..b/c.d", "?query=like&chars#frag"],
+    [
+        "a",
+        "run1/iter_000010/model.safetensors",
+        "données/été.json",
+        "日本語/キー",
+        "emoji/🚀.bin",
+        "spaces are fine/a b",
+        "x" * 1024,
+        "a..b/c.d",
+        "?query=like&chars#frag",
+    ],
 )
 def test_ordinary_and_unicode_keys_pass_unchanged(key: str) -> None:
     assert validate_key(key) == key
@@ -61,7 +70,12 @@ def test_parse_object_uris() -> None:
     assert (uri.scheme, uri.bucket, uri.key) == ("minio", "envace", "runs/exp1")
     assert str(uri) == "minio://envace/runs/exp1"
     root = parse_uri("s3://my.bucket-1")
-    assert (root.scheme, root.bucket, root.key, str(root)) == ("s3", "my.bucket-1", "", "s3://my.bucket-1")
+    assert (root.scheme, root.bucket, root.key, str(root)) == (
+        "s3",
+        "my.bucket-1",
+        "",
+        "s3://my.bucket-1",
+    )
     assert parse_uri("MINIO://envace/k").scheme == "minio"
 
 
@@ -97,7 +111,10 @@ def test_hostile_object_uris_are_rejected(uri: str) -> None:
 def test_join() -> None:
     assert join_key("run", "", "/iter_000001/", "a.bin") == "run/iter_000001/a.bin"
     assert join_key() == ""
-    assert join_uri("minio://envace/run", "ckpt", "iter_000002") == "minio://envace/run/ckpt/iter_000002"
+    assert (
+        join_uri("minio://envace/run", "ckpt", "iter_000002")
+        == "minio://envace/run/ckpt/iter_000002"
+    )
     assert join_uri("minio://envace", "x") == "minio://envace/x"
     assert join_uri("/data/store", "a/b") == "/data/store/a/b"
     with pytest.raises(InvalidKeyError):

@@ -1,0 +1,440 @@
+"""Fixtures for the cluster tests: helm / kustomize rendering, manifest validation, a fake API server.
+
+Validation is offline and strict:
+- core kinds against the Kubernetes OpenAPI schemas bundled with `kubernetes-validate`
+  (unknown fields are errors), for the oldest and the newest Kubernetes the chart supports;
+- TrainJob / TrainingRuntime / ClusterTrainingRuntime against the openAPIV3Schema of the Kubeflow
+  Trainer CRDs in tests/cluster/crds (copied from kubeflow/trainer), made strict the way the API
+  server prunes (an unknown field is an error here, not silently dropped), plus the CRDs' CEL
+  rules (x-kubernetes-validations) evaluated with cel-python; their metadata and the pod templates
+  inside runtimes are validated again as core objects.
+
+The fake API server exists because no Kubernetes API server can run on CI machines (no kind, no
+apiserver binary): it speaks the real HTTP API paths and JSON bodies the `kubernetes` client uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "envace"
+K8S = REPO / "k8s"
+CRDS = Path(__file__).resolve().parent / "crds"
+KUBE_VERSIONS = ("1.29.0", "1.37.0")
+TRAINER_KINDS = ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")
+API_VERSIONS_FLAGS = (
+    "--api-versions",
+    "trainer.kubeflow.org/v1alpha1",
+    "--api-versions",
+    "jobset.x-k8s.io/v1alpha2",
+)
+
+
+def _tool(name: str, local: Path | None = None) -> str:
+    if local is not None and local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(
+            f"`{name}` is not installed: run scripts/install_tools.sh (it puts helm into .tools/bin; "
+            "kubectl comes with the CI machine). These checks must not be skipped.",
+            pytrace=False,
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return _tool("helm", REPO / ".tools" / "bin" / "helm")
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> str:
+    return _tool("kubectl", Path("/usr/bin/kubectl"))
+
+
+def run_tool(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if check and result.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+    return result
+
+
+def load_objects(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture(scope="session")
+def render(helm: str) -> Callable[..., list[dict[str, Any]]]:
+    """`render(values_files=[...], sets=[...], api_versions=True)`: the chart's objects."""
+
+    def _render(
+        values_files: tuple[str, ...] = (),
+        sets: tuple[str, ...] = (),
+        api_versions: bool = True,
+        release: str = "envace",
+        namespace: str = "envace",
+    ) -> list[dict[str, Any]]:
+        argv = [helm, "template", release, str(CHART), "--namespace", namespace]
+        if api_versions:
+            argv += API_VERSIONS_FLAGS
+        for values in values_files:
+            argv += ["-f", str(CHART / "ci" / values)]
+        for item in sets:
+            argv += ["--set", item]
+        return load_objects(run_tool(argv).stdout)
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def kustomize(kubectl: str) -> Callable[[Path], list[dict[str, Any]]]:
+    def _build(directory: Path) -> list[dict[str, Any]]:
+        return load_objects(run_tool([kubectl, "kustomize", str(directory)]).stdout)
+
+    return _build
+
+
+def _strict(schema: Any) -> Any:
+    """Close every object schema that lists its properties, unless it preserves unknown fields."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: _strict(value) for key, value in schema.items() if key != "properties"}
+    if "properties" in schema:
+        closed["properties"] = {key: _strict(value) for key, value in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            closed["additionalProperties"] = False
+    return closed
+
+
+@dataclass
+class _CelRule:
+    program: Any
+    rule: str
+    message: str
+
+
+class _CrdValidator:
+    """openAPIV3Schema + CEL validation of one CRD version (create semantics: no oldSelf)."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.schema = schema
+        self.validator = jsonschema.Draft7Validator(_strict(schema))
+        self.cel = celpy.Environment()
+        self._programs: dict[str, Any] = {}
+
+    def _program(self, rule: str) -> Any:
+        if rule not in self._programs:
+            self._programs[rule] = self.cel.program(self.cel.compile(rule))
+        return self._programs[rule]
+
+    def _cel_errors(self, schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
+        for rule in schema.get("x-kubernetes-validations", []):
+            if "oldSelf" in rule["rule"]:
+                continue  # transition rules only apply to updates
+            result = self._program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and result):
+                yield f"{path or '.'}: {rule.get('message', rule['rule'])} (rule: {rule['rule']})"
+        if isinstance(value, dict):
+            for key, sub in schema.get("properties", {}).items():
+                if key in value:
+                    yield from self._cel_errors(sub, value[key], f"{path}.{key}")
+            extra = schema.get("additionalProperties")
+            if isinstance(extra, dict):
+                for key, sub_value in value.items():
+                    yield from self._cel_errors(extra, sub_value, f"{path}.{key}")
+        elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+            for index, item in enumerate(value):
+                yield from self._cel_errors(schema["items"], item, f"{path}[{index}]")
+
+    def errors(self, obj: dict[str, Any]) -> list[str]:
+        found = [
+            f"{'.'.join(str(p) for p in error.absolute_path) or '.'}: {error.message}"
+            for error in self.validator.iter_errors(obj)
+        ]
+        return found or list(self._cel_errors(self.schema, obj, ""))
+
+
+def _load_crd_validators() -> dict[str, _CrdValidator]:
+    validators = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+        validators[crd["spec"]["names"]["kind"]] = _CrdValidator(version["schema"]["openAPIV3Schema"])
+    return validators
+
+
+def _core_errors(obj: dict[str, Any]) -> list[str]:
+    errors = []
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"k8s {version}: {'.'.join(map(str, exc.path)) or '.'}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            errors.append(f"k8s {version}: no schema for {obj.get('apiVersion')} {obj.get('kind')}: {exc}")
+    return errors
+
+
+def _as_job(job_template: dict[str, Any], name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**job_template.get("metadata", {}), "name": name},
+        "spec": job_template["spec"],
+    }
+
+
+def _metadata_errors(obj: dict[str, Any]) -> list[str]:
+    # ObjectMeta is only `type: object` in CRD schemas: check it as a ConfigMap's metadata.
+    probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": copy.deepcopy(obj["metadata"])}
+    return [f"metadata: {e}" for e in _core_errors(probe)]
+
+
+@dataclass
+class ManifestValidator:
+    """Validate rendered objects; `errors(obj)` is empty for a valid object."""
+
+    crds: dict[str, _CrdValidator] = field(default_factory=_load_crd_validators)
+
+    def errors(self, obj: dict[str, Any]) -> list[str]:
+        kind = obj.get("kind", "?")
+        if kind not in TRAINER_KINDS:
+            return _core_errors(obj)
+        if obj.get("apiVersion") != "trainer.kubeflow.org/v1alpha1":
+            return [f"{kind} must be trainer.kubeflow.org/v1alpha1, got {obj.get('apiVersion')}"]
+        errors = self.crds[kind].errors(obj) + _metadata_errors(obj)
+        if kind != "TrainJob":
+            for replicated in obj["spec"]["template"]["spec"].get("replicatedJobs", []):
+                job = _as_job(replicated["template"], f"{obj['metadata']['name']}-{replicated['name']}")
+                errors += [f"replicatedJobs[{replicated['name']}]: {e}" for e in _core_errors(job)]
+        return errors
+
+    def assert_valid(self, objects: list[dict[str, Any]]) -> None:
+        problems = {
+            f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}": errs
+            for obj in objects
+            if (errs := self.errors(obj))
+        }
+        assert not problems, json.dumps(problems, indent=2)
+
+
+@pytest.fixture(scope="session")
+def validator() -> ManifestValidator:
+    return ManifestValidator()
+
+
+# ---------------------------------------------------------------- fake Kubernetes API server
+
+_GROUP_PATH = "/apis/trainer.kubeflow.org/v1alpha1"
+_TRAINJOB = re.compile(rf"^{_GROUP_PATH}/namespaces/(?P<ns>[^/]+)/trainjobs(/(?P<name>[^/?]+))?$")
+_RUNTIME = re.compile(rf"^{_GROUP_PATH}/namespaces/(?P<ns>[^/]+)/trainingruntimes/(?P<name>[^/]+)$")
+_CLUSTER_RUNTIME = re.compile(rf"^{_GROUP_PATH}/clustertrainingruntimes/(?P<name>[^/]+)$")
+_CONFIGMAPS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/configmaps$")
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: str
+    body: Any
+
+
+@dataclass
+class FakeCluster:
+    """State and script of the fake API server.
+
+    `statuses` is the sequence of `status` values successive GETs of a TrainJob return (the last
+    one repeats), standing in for the Trainer controller. `fail` maps "METHOD path-regex" to an
+    HTTP status the server answers instead.
+    """
+
+    trainer_installed: bool = True
+    groups: tuple[tuple[str, str], ...] = (
+        ("trainer.kubeflow.org", "v1alpha1"),
+        ("jobset.x-k8s.io", "v1alpha2"),
+    )
+    runtimes: set[str] = field(default_factory=lambda: {"envace"})
+    cluster_runtimes: set[str] = field(default_factory=set)
+    gpus: dict[str, int] = field(default_factory=dict)
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    fail: dict[str, int] = field(default_factory=dict)
+    trainjobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    configmaps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    gets: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def calls(self, method: str, pattern: str) -> list[Request]:
+        return [r for r in self.requests if r.method == method and re.search(pattern, r.path)]
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    cluster: FakeCluster
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
+        return
+
+    def _send(self, code: int, payload: Any) -> None:
+        raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json" if not isinstance(payload, bytes) else "text/plain")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _handle(self, method: str) -> None:
+        path, _, query = self.path.partition("?")
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        cluster = self.cluster
+        with cluster.lock:
+            cluster.requests.append(Request(method, path, query, body))
+            for key, code in cluster.fail.items():
+                want_method, pattern = key.split(" ", 1)
+                if want_method == method and re.search(pattern, path):
+                    return self._send(code, _status(code, "Injected", f"injected {code} for {key}"))
+            code, payload = self._route(method, path, body)
+        self._send(code, payload)
+
+    def _route(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        cluster = self.cluster
+        if path.startswith(_GROUP_PATH) and not cluster.trainer_installed:
+            return 404, b"404 page not found\n"
+        if method == "GET" and path == "/apis":
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}}
+                for g, v in cluster.groups]}
+        if method == "GET" and path == _GROUP_PATH:
+            return 200, {"kind": "APIResourceList", "apiVersion": "v1",
+                         "groupVersion": "trainer.kubeflow.org/v1alpha1", "resources": [
+                {"name": n, "singularName": n[:-1], "namespaced": n != "clustertrainingruntimes",
+                 "kind": k, "verbs": ["create", "delete", "get", "list", "patch", "watch"]}
+                for n, k in (("trainjobs", "TrainJob"), ("trainingruntimes", "TrainingRuntime"),
+                             ("clustertrainingruntimes", "ClusterTrainingRuntime"))]}
+        if method == "GET" and path == "/api/v1/nodes":
+            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [
+                {"metadata": {"name": n}, "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(g)}}}
+                for n, g in cluster.gpus.items()]}
+        if match := _RUNTIME.match(path):
+            return self._runtime(match["name"] in cluster.runtimes, "TrainingRuntime", match["name"])
+        if match := _CLUSTER_RUNTIME.match(path):
+            return self._runtime(match["name"] in cluster.cluster_runtimes, "ClusterTrainingRuntime",
+                                 match["name"])
+        if match := _TRAINJOB.match(path):
+            return self._trainjob(method, match["ns"], match["name"], body)
+        if (match := _CONFIGMAPS.match(path)) and method == "POST":
+            name = body["metadata"]["name"]
+            cluster.configmaps[name] = body
+            return 201, body
+        return 404, _status(404, "NotFound", f"the fake API server has no route for {method} {path}")
+
+    @staticmethod
+    def _runtime(found: bool, kind: str, name: str) -> tuple[int, Any]:
+        if not found:
+            return 404, _status(404, "NotFound", f'{kind.lower()}s.trainer.kubeflow.org "{name}" not found')
+        return 200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": {"name": name}}
+
+    def _trainjob(self, method: str, namespace: str, name: str | None, body: Any) -> tuple[int, Any]:
+        cluster = self.cluster
+        if method == "POST":
+            name = body["metadata"]["name"]
+            if name in cluster.trainjobs:
+                return 409, _status(409, "AlreadyExists", f'trainjobs.trainer.kubeflow.org "{name}" already exists')
+            created = copy.deepcopy(body)
+            created["metadata"].update(uid=str(uuid.uuid4()), namespace=namespace,
+                                       creationTimestamp="2026-11-29T20:00:00Z")
+            cluster.trainjobs[name] = created
+            return 201, created
+        if name not in cluster.trainjobs:
+            return 404, _status(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found')
+        if method == "GET":
+            obj = copy.deepcopy(cluster.trainjobs[name])
+            if cluster.statuses:
+                obj["status"] = cluster.statuses[min(cluster.gets, len(cluster.statuses) - 1)]
+            cluster.gets += 1
+            return 200, obj
+        if method == "DELETE":
+            del cluster.trainjobs[name]
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+        return 405, _status(405, "MethodNotAllowed", method)
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+
+@dataclass
+class FakeApiServer:
+    cluster: FakeCluster
+    url: str
+    kubeconfig: Path
+
+
+@pytest.fixture
+def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
+    """A fake Kubernetes API server on localhost and a kubeconfig pointing at it."""
+    cluster = FakeCluster()
+    handler = type("Handler", (_Handler,), {"cluster": cluster})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester", "namespace": "team-a"}}],
+    }))
+    try:
+        yield FakeApiServer(cluster, url, kubeconfig)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def condition(kind: str, message: str = "", status: str = "True") -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": kind, "message": message,
+            "lastTransitionTime": "2026-11-29T20:00:00Z"}
+
+
+@pytest.fixture
+def conditions() -> Callable[..., dict[str, Any]]:
+    return condition
