@@ -391,6 +391,8 @@ def run_main(
         model, tokenizer = load_model_and_tokenizer(resume_from / "policy")
     else:
         model, tokenizer = init_model(cfg, splits, paths.checkpoints / "init")
+        if (paths.checkpoints / "init").is_dir():
+            paths.commit(paths.checkpoints / "init")
         stages = {}
 
     def record(name: str, result: EvalResult) -> None:

@@ -13,9 +13,9 @@ The fake API server exists because no Kubernetes API server can run on CI machin
 apiserver binary): it serves the real HTTP paths and JSON bodies the `kubernetes` client uses.
 """
 
-
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -56,27 +56,27 @@ def _tool(name: str, local: Path | None = None) -> str:
     found = shutil.which(name)
     if found is None:
         pytest.fail(
-            f"`{name}` is not installed: run scripts/install_tools.sh (it puts helm into .tools/bin; "
-            "kubectl comes with the CI machine). These checks must not be skipped.",
+            f"`{name}` is not installed: run scripts/install_tools.sh (it puts helm into "
+            ".tools/bin; kubectl comes with the CI machine). These checks must not be skipped.",
             pytrace=False,
         )
     return found
 
 
-@pytest.fixture(scope="session")
-def helm() -> str:
+def helm_binary() -> str:
     return _tool("helm", REPO / ".tools" / "bin" / "helm")
 
 
-@pytest.fixture(scope="session")
-def kubectl() -> str:
+def kubectl_binary() -> str:
     return _tool("kubectl", Path("/usr/bin/kubectl"))
 
 
 def run_tool(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if check and result.returncode != 0:
-        pytest.fail(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+        pytest.fail(
+            f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}{result.stdout}"
+        )
     return result
 
 
@@ -84,35 +84,62 @@ def load_objects(text: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-@pytest.fixture(scope="session")
-def render(helm: str) -> Callable[..., list[dict[str, Any]]]:
-    """`render(values_files=[...], sets=[...], api_versions=True)`: the chart's objects."""
-
-    def _render(
-        values_files: tuple[str, ...] = (),
-        sets: tuple[str, ...] = (),
-        api_versions: bool = True,
-        release: str = "envace",
-        namespace: str = "envace",
-    ) -> list[dict[str, Any]]:
-        argv = [helm, "template", release, str(CHART), "--namespace", namespace]
-        if api_versions:
-            argv += API_VERSIONS_FLAGS
-        for values in values_files:
-            argv += ["-f", str(CHART / "ci" / values)]
-        for item in sets:
-            argv += ["--set", item]
-        return load_objects(run_tool(argv).stdout)
-
-    return _render
+def template_argv(
+    helm: str,
+    values_files: tuple[str, ...] = (),
+    sets: tuple[str, ...] = (),
+    api_versions: bool = True,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """`helm template envace charts/envace -n envace ...` with ci/ value files and --set items."""
+    argv = [helm, "template", "envace", str(CHART), "--namespace", "envace", *extra]
+    if api_versions:
+        argv += API_VERSIONS_FLAGS
+    for values in values_files:
+        argv += ["-f", str(CHART / "ci" / values)]
+    for item in sets:
+        argv += ["--set", item]
+    return argv
 
 
-@pytest.fixture(scope="session")
-def kustomize(kubectl: str) -> Callable[[Path], list[dict[str, Any]]]:
-    def _build(directory: Path) -> list[dict[str, Any]]:
-        return load_objects(run_tool([kubectl, "kustomize", str(directory)]).stdout)
+def render(
+    helm: str, values_files: tuple[str, ...] = (), sets: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """The chart's objects for the given ci/ value files and --set items (APIs present)."""
+    return load_objects(run_tool(template_argv(helm, values_files, sets)).stdout)
 
-    return _build
+
+def build_kustomization(kubectl: str, directory: Path) -> list[dict[str, Any]]:
+    return load_objects(run_tool([kubectl, "kustomize", str(directory)]).stdout)
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod spec in objects, keyed `Kind/name` (runtimes: `Kind/name/replicatedJob`)."""
+    specs = {}
+    for obj in objects:
+        key = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in ("Deployment", "StatefulSet", "Job"):
+            specs[key] = obj["spec"]["template"]["spec"]
+        elif obj["kind"] in ("TrainingRuntime", "ClusterTrainingRuntime"):
+            for job in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+                specs[f"{key}/{job['name']}"] = job["template"]["spec"]["template"]["spec"]
+    return specs
+
+
+def containers_of(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        item["name"]: item.get("value", item.get("valueFrom")) for item in container.get("env", [])
+    }
 
 
 def _strict(schema: Any) -> Any:
@@ -129,13 +156,6 @@ def _strict(schema: Any) -> Any:
         ):
             closed["additionalProperties"] = False
     return closed
-
-
-@dataclass
-class _CelRule:
-    program: Any
-    rule: str
-    message: str
 
 
 class _CrdValidator:
@@ -184,7 +204,9 @@ def _load_crd_validators() -> dict[str, _CrdValidator]:
     for path in sorted(CRDS.glob("*.yaml")):
         crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
         (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
-        validators[crd["spec"]["names"]["kind"]] = _CrdValidator(version["schema"]["openAPIV3Schema"])
+        validators[crd["spec"]["names"]["kind"]] = _CrdValidator(
+            version["schema"]["openAPIV3Schema"]
+        )
     return validators
 
 
@@ -196,7 +218,9 @@ def _core_errors(obj: dict[str, Any]) -> list[str]:
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"k8s {version}: {'.'.join(map(str, exc.path)) or '.'}: {exc.message}")
         except kubernetes_validate.SchemaNotFoundError as exc:
-            errors.append(f"k8s {version}: no schema for {obj.get('apiVersion')} {obj.get('kind')}: {exc}")
+            errors.append(
+                f"k8s {version}: no schema for {obj.get('apiVersion')} {obj.get('kind')}: {exc}"
+            )
     return errors
 
 
@@ -230,7 +254,9 @@ class ManifestValidator:
         errors = self.crds[kind].errors(obj) + _metadata_errors(obj)
         if kind != "TrainJob":
             for replicated in obj["spec"]["template"]["spec"].get("replicatedJobs", []):
-                job = _as_job(replicated["template"], f"{obj['metadata']['name']}-{replicated['name']}")
+                job = _as_job(
+                    replicated["template"], f"{obj['metadata']['name']}-{replicated['name']}"
+                )
                 errors += [f"replicatedJobs[{replicated['name']}]: {e}" for e in _core_errors(job)]
         return errors
 
@@ -241,11 +267,6 @@ class ManifestValidator:
             if (errs := self.errors(obj))
         }
         assert not problems, json.dumps(problems, indent=2)
-
-
-@pytest.fixture(scope="session")
-def validator() -> ManifestValidator:
-    return ManifestValidator()
 
 
 # ---------------------------------------------------------------- fake Kubernetes API server
@@ -295,8 +316,14 @@ class FakeCluster:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -308,7 +335,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, code: int, payload: Any) -> None:
         raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json" if not isinstance(payload, bytes) else "text/plain")
+        self.send_header(
+            "Content-Type", "application/json" if not isinstance(payload, bytes) else "text/plain"
+        )
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         self.wfile.write(raw)
@@ -332,53 +361,101 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith(_GROUP_PATH) and not cluster.trainer_installed:
             return 404, b"404 page not found\n"
         if method == "GET" and path == "/apis":
-            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
-                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}}
-                for g, v in cluster.groups]}
+            return 200, {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": g,
+                        "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                        "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+                    }
+                    for g, v in cluster.groups
+                ],
+            }
         if method == "GET" and path == _GROUP_PATH:
-            return 200, {"kind": "APIResourceList", "apiVersion": "v1",
-                         "groupVersion": "trainer.kubeflow.org/v1alpha1", "resources": [
-                {"name": n, "singularName": n[:-1], "namespaced": n != "clustertrainingruntimes",
-                 "kind": k, "verbs": ["create", "delete", "get", "list", "patch", "watch"]}
-                for n, k in (("trainjobs", "TrainJob"), ("trainingruntimes", "TrainingRuntime"),
-                             ("clustertrainingruntimes", "ClusterTrainingRuntime"))]}
+            return 200, {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "trainer.kubeflow.org/v1alpha1",
+                "resources": [
+                    {
+                        "name": n,
+                        "singularName": n[:-1],
+                        "namespaced": n != "clustertrainingruntimes",
+                        "kind": k,
+                        "verbs": ["create", "delete", "get", "list", "patch", "watch"],
+                    }
+                    for n, k in (
+                        ("trainjobs", "TrainJob"),
+                        ("trainingruntimes", "TrainingRuntime"),
+                        ("clustertrainingruntimes", "ClusterTrainingRuntime"),
+                    )
+                ],
+            }
         if method == "GET" and path == "/api/v1/nodes":
-            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [
-                {"metadata": {"name": n}, "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(g)}}}
-                for n, g in cluster.gpus.items()]}
+            return 200, {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {},
+                "items": [
+                    {
+                        "metadata": {"name": n},
+                        "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(g)}},
+                    }
+                    for n, g in cluster.gpus.items()
+                ],
+            }
         if match := _RUNTIME.match(path):
-            return self._runtime(match["name"] in cluster.runtimes, "TrainingRuntime", match["name"])
+            return self._runtime(
+                match["name"] in cluster.runtimes, "TrainingRuntime", match["name"]
+            )
         if match := _CLUSTER_RUNTIME.match(path):
-            return self._runtime(match["name"] in cluster.cluster_runtimes, "ClusterTrainingRuntime",
-                                 match["name"])
+            return self._runtime(
+                match["name"] in cluster.cluster_runtimes, "ClusterTrainingRuntime", match["name"]
+            )
         if match := _TRAINJOB.match(path):
             return self._trainjob(method, match["ns"], match["name"], body)
         if (match := _CONFIGMAPS.match(path)) and method == "POST":
             name = body["metadata"]["name"]
             cluster.configmaps[name] = body
             return 201, body
-        return 404, _status(404, "NotFound", f"the fake API server has no route for {method} {path}")
+        return 404, _status(
+            404, "NotFound", f"the fake API server has no route for {method} {path}"
+        )
 
     @staticmethod
     def _runtime(found: bool, kind: str, name: str) -> tuple[int, Any]:
         if not found:
-            return 404, _status(404, "NotFound", f'{kind.lower()}s.trainer.kubeflow.org "{name}" not found')
-        return 200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": {"name": name}}
+            return 404, _status(
+                404, "NotFound", f'{kind.lower()}s.trainer.kubeflow.org "{name}" not found'
+            )
+        return 200, {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name},
+        }
 
-    def _trainjob(self, method: str, namespace: str, name: str | None, body: Any) -> tuple[int, Any]:
+    def _trainjob(
+        self, method: str, namespace: str, name: str | None, body: Any
+    ) -> tuple[int, Any]:
         cluster = self.cluster
         if method == "POST":
             name = body["metadata"]["name"]
             if name in cluster.trainjobs:
-                return 409, _status(409, "AlreadyExists", f'trainjobs.trainer.kubeflow.org "{name}" already exists')
+                return 409, _status(
+                    409, "AlreadyExists", f'trainjobs.trainer.kubeflow.org "{name}" already exists'
+                )
             created = copy.deepcopy(body)
-            created["metadata"].update(uid=str(uuid.uuid4()), namespace=namespace,
-                                       creationTimestamp="2026-11-29T20:00:00Z")
+            created["metadata"].update(
+                uid=str(uuid.uuid4()), namespace=namespace, creationTimestamp="2026-11-29T20:00:00Z"
+            )
             cluster.trainjobs[name] = created
             return 201, created
         if name not in cluster.trainjobs:
-            return 404, _status(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found')
+            return 404, _status(
+                404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found'
+            )
         if method == "GET":
             obj = copy.deepcopy(cluster.trainjobs[name])
             if cluster.statuses:
@@ -407,8 +484,8 @@ class FakeApiServer:
     kubeconfig: Path
 
 
-@pytest.fixture
-def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
+@contextlib.contextmanager
+def serve_fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
     """A fake Kubernetes API server on localhost and a kubeconfig pointing at it."""
     cluster = FakeCluster()
     handler = type("Handler", (_Handler,), {"cluster": cluster})
@@ -417,12 +494,23 @@ def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "tester", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester", "namespace": "team-a"}}],
-    }))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                "contexts": [
+                    {
+                        "name": "fake",
+                        "context": {"cluster": "fake", "user": "tester", "namespace": "team-a"},
+                    }
+                ],
+            }
+        )
+    )
     try:
         yield FakeApiServer(cluster, url, kubeconfig)
     finally:
@@ -432,10 +520,10 @@ def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
 
 
 def condition(kind: str, message: str = "", status: str = "True") -> dict[str, Any]:
-    return {"type": kind, "status": status, "reason": kind, "message": message,
-            "lastTransitionTime": "2026-11-29T20:00:00Z"}
-
-
-@pytest.fixture
-def conditions() -> Callable[..., dict[str, Any]]:
-    return condition
+    return {
+        "type": kind,
+        "status": status,
+        "reason": kind,
+        "message": message,
+        "lastTransitionTime": "2026-11-29T20:00:00Z",
+    }

@@ -1,0 +1,138 @@
+"""Evaluation: committed execution in the real worlds, metrics, and the `envace evaluate` CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envace.cli import main
+from envace.evaluate.metrics import field_agreement, summarize
+from envace.evaluate.runner import evaluate_policy
+from envace.policy.types import ToolCall
+from envace.rollout.engine import RolloutConfig
+from envace.rollout.policies import OraclePolicy, RandomPolicy
+from envace.rollout.types import CallRecord, Trajectory
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tasks")
+    assert (
+        main(
+            [
+                "tasks",
+                "generate",
+                "--out",
+                str(out),
+                "--n-train",
+                "6",
+                "--n-test",
+                "30",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+def test_oracle_scores_one_and_random_about_zero(
+    task_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "evaluate",
+                "--policy",
+                "oracle",
+                "--tasks",
+                str(task_dir / "test.jsonl"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
+    oracle = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert oracle["n_tasks"] == 30
+    assert oracle["success_rate"] == 1.0
+    assert oracle["valid_call_rate"] == 1.0
+    assert oracle["rehearsal_fidelity"] == 1.0
+    assert "success_rate" in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "evaluate",
+                "--policy",
+                "random",
+                "--tasks",
+                str(task_dir / "test.jsonl"),
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )
+    rnd = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert rnd["success_rate"] <= 0.1
+    assert rnd["rehearsal_fidelity"] is not None and rnd["rehearsal_fidelity"] < 0.2
+    lines = (tmp_path / "r" / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 30 and json.loads(lines[0])["messages"][0]["role"] in ("system", "user")
+
+
+def test_bad_inputs_exit_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n')
+    assert (
+        main(["evaluate", "--policy", "oracle", "--tasks", str(bad), "--out", str(tmp_path / "o")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1" in err and "Traceback" not in err
+    assert (
+        main(["evaluate", "--policy", str(tmp_path), "--tasks", str(bad), "--out", str(tmp_path)])
+        == 2
+    )
+
+
+def test_fidelity_metrics_by_hand() -> None:
+    assert field_agreement({"a": 1, "b": 2}, {"a": 1, "b": 3}) == 0.5
+    assert field_agreement({"a": 1}, {"a": 1, "c": 0}) == 0.5
+    assert field_agreement([1], [1]) == 1.0
+    from envace.tasks.model import Task, Turn
+
+    task = Task(
+        id="t",
+        tools=({"type": "function", "function": {"name": "f", "parameters": {}}},),
+        turns=(Turn("u"),),
+    )
+    call = ToolCall("f", {})
+    traj = Trajectory(task=task, traj_id="t#0", reward=1.0, success=True, turn_scores=[1.0])
+    traj.calls = [
+        CallRecord(0, call, {"x": 1}, "real", True, rehearsed={"x": 1}),
+        CallRecord(0, call, {"x": 1, "y": 2}, "real", True, rehearsed={"x": 1, "y": 3}),
+        CallRecord(
+            0, call, {"error": {"code": "E"}}, "real", False, rehearsed={"error": {"code": "E"}}
+        ),
+        CallRecord(0, call, {"error": {"code": "E"}}, "real", False, rehearsed={"ok": 1}),
+    ]
+    m = summarize([traj])
+    assert m.rehearsal_fidelity == 0.5  # 2 of 4 exact
+    assert m.rehearsal_field_fidelity == pytest.approx((1 + 0.5 + 1 + 0) / 4)
+    assert m.error_flag_recall == 0.5 and m.error_flag_false_rate == 0.0
+    assert m.valid_call_rate == 0.5 and m.calls_per_task == 4
+
+
+def test_evaluate_policy_without_probes_reports_no_fidelity(task_dir: Path) -> None:
+    from envace.tasks.loader import load_tasks
+
+    tasks = load_tasks(task_dir / "test.jsonl").tasks[:5]
+    res = evaluate_policy(OraclePolicy(), tasks, RolloutConfig(), probe_fidelity=False)
+    assert res.metrics.success_rate == 1.0 and res.metrics.rehearsal_fidelity is None
+    res = evaluate_policy(RandomPolicy(1), tasks, RolloutConfig())
+    assert res.metrics.n_episodes == 5
