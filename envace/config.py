@@ -167,6 +167,8 @@ class Config:
 
 # --- building and validation ------------------------------------------------------------------
 def _type_name(tp: Any) -> str:
+    if tp is bool:
+        return "true or false"
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
     return getattr(tp, "__name__", str(tp))

@@ -16,7 +16,13 @@ import os
 from pathlib import Path
 
 from envace.errors import UserInputError
-from envace.storage.base import ArtifactStore, Digest, ProgressCallback, atomic_target
+from envace.storage.base import (
+    ArtifactStore,
+    Digest,
+    ProgressCallback,
+    atomic_target,
+    fsync_files,
+)
 from envace.storage.errors import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,
@@ -105,6 +111,9 @@ def commit_dir(
     for rel, path in files:
         digest = store.put_file(path, join_key(prefix, rel), progress)
         entries.append(ManifestEntry(rel, digest.size, digest.sha256))
+    if isinstance(store, LocalStore):
+        # The manifest must never reach the disk before the files it vouches for.
+        fsync_files(store.path(join_key(prefix, e.path)) for e in entries)
     manifest = Manifest.build(entries)
     store.put_bytes(manifest.to_json(), manifest_key)
     log.info("committed %s: %d file(s), %d bytes", uri, len(entries), manifest.total_size)
@@ -175,7 +184,8 @@ def fetch_dir(
     (dest / MANIFEST_NAME).unlink(missing_ok=True)
     for entry in manifest.files:
         _fetch_one(store, join_key(prefix, entry.path), entry, dest / entry.path, uri, progress)
-    with atomic_target(dest / MANIFEST_NAME) as tmp:
+    fsync_files(dest / e.path for e in manifest.files)
+    with atomic_target(dest / MANIFEST_NAME, durable=True) as tmp:
         tmp.write_bytes(manifest.to_json())
     log.info("fetched %s into %s: %d file(s)", uri, dest, len(manifest.files))
     return manifest

@@ -2,9 +2,9 @@
 
 A store maps relative keys (`run1/iter_000010/model.safetensors`) to objects. Files move in
 fixed-size chunks and are hashed (sha256) while they stream, so memory does not grow with file
-size and no file is read twice. Local writes go to a temporary file in the destination folder,
-are flushed to disk and then renamed over the target: a reader sees the old file or the new one,
-never half of one.
+size and no file is read twice. Local writes go to a temporary file in the destination folder
+and are then renamed over the target: a reader sees the old file or the new one, never half of
+one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -29,6 +29,7 @@ __all__ = [
     "ProgressCallback",
     "atomic_target",
     "copy_hashing",
+    "fsync_files",
     "hash_file",
 ]
 
@@ -144,20 +145,40 @@ def hash_file(path: Path, progress: ProgressCallback | None = None) -> Digest:
 
 
 @contextlib.contextmanager
-def atomic_target(dest: Path) -> Iterator[Path]:
-    """Yield a temporary path next to `dest`; on success fsync it and rename it over `dest`.
+def atomic_target(dest: Path, *, durable: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `dest`; on success rename it over `dest`.
 
-    On any error the temporary file is removed and `dest` is left as it was.
+    `durable` fsyncs the data before the rename, for commit records such as a manifest. Bulk
+    files skip it here: `fsync_files` flushes them all at once, just before the manifest that
+    vouches for them is written. On any error the temporary file is removed and `dest` is left
+    as it was.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     # The name does not embed `dest.name`: a long unicode name would exceed NAME_MAX.
     tmp = dest.with_name(f".{uuid.uuid4().hex}{TEMP_SUFFIX}")
     try:
         yield tmp
-        # Data must be on disk before the rename publishes it, or a crash could publish zeros.
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
+        if durable:
+            _fsync(tmp)
         os.replace(tmp, dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_files(paths: Iterable[Path]) -> None:
+    """Flush files and the folders that name them to disk (before a manifest vouches for them)."""
+    folders = set()
+    for path in paths:
+        _fsync(path)
+        folders.add(path.parent)
+    for folder in sorted(folders):
+        _fsync(folder)

@@ -59,7 +59,8 @@ class LocalStore:
             return copy_hashing(src, dst, progress)
 
     def put_bytes(self, data: bytes, key: str) -> None:
-        with atomic_target(self.path(key)) as tmp:
+        # Small objects are commit records (manifests): make them durable before they appear.
+        with atomic_target(self.path(key), durable=True) as tmp:
             tmp.write_bytes(data)
 
     def get_bytes(self, key: str) -> bytes:

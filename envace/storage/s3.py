@@ -54,6 +54,7 @@ __all__ = ["S3Store", "is_transient"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MiB = 1024 * 1024
 
 _AUTH_CODES = frozenset(
     {
@@ -209,6 +210,8 @@ class S3Store:
     def put_file(self, local: Path, key: str, progress: ProgressCallback | None = None) -> Digest:
         validate_key(key)
         size = os.stat(local).st_size
+        # S3 allows 10,000 parts: grow the part for huge files instead of failing.
+        part_size = max(self.settings.part_size, -(-size // (10_000 * MiB)) * MiB)
 
         def attempt() -> Digest:
             with open(local, "rb") as fh:
@@ -219,7 +222,7 @@ class S3Store:
                         key,
                         reader,
                         size,
-                        part_size=self.settings.part_size,
+                        part_size=part_size,
                         num_parallel_uploads=self.settings.parallel_uploads,
                     )
                 except BaseException:

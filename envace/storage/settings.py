@@ -71,8 +71,9 @@ class S3Settings:
     region: bucket region; None asks the server once per bucket (MinIO answers us-east-1).
     connect_timeout_s / read_timeout_s: per HTTP request; they bound how long one attempt can
         hang before the retry policy takes over.
-    part_size: multipart part size in bytes (>= 5 MiB). Peak upload memory is about
-        (parallel_uploads + 1) * part_size, whatever the file size.
+    part_size: multipart part size in bytes (5 MiB .. 5 GiB). Peak upload memory is about
+        (parallel_uploads + 1) * part_size, whatever the file size; files over 10,000 parts
+        get a larger part automatically.
     parallel_uploads: parts in flight at once for one file.
     """
 
@@ -85,7 +86,7 @@ class S3Settings:
     cert_check: bool = True
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 120.0
-    part_size: int = 64 * MiB
+    part_size: int = 16 * MiB
     parallel_uploads: int = 3
 
     def __post_init__(self) -> None:

@@ -1,0 +1,77 @@
+"""The typed config: files, overrides, and errors that name the key, the value and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envace.config import load_config
+from envace.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "gpu-1.yaml", "reference-8b.yaml"])
+def test_shipped_configs_load(name: str) -> None:
+    cfg = load_config(ROOT / "configs" / name)
+    assert cfg.rollout.n >= 1
+
+
+def test_reference_config_matches_the_paper_setup() -> None:
+    cfg = load_config(ROOT / "configs" / "reference-8b.yaml")
+    assert cfg.model.path == "Qwen/Qwen3-8B"
+    assert (cfg.rollout.batch_tasks, cfg.rollout.n) == (16, 4)
+    assert cfg.train.lr == 1e-6 and cfg.train.weight_decay == 0.01 and cfg.train.grad_clip == 1.0
+    assert (cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.dual_clip) == (0.2, 0.2, 3.0)
+    assert cfg.algo.kl_coef == 0.0 and not cfg.algo.normalize_std
+    assert cfg.algo.baseline == "row_mean" and cfg.algo.sharing == "share"
+
+
+def test_overrides_parse_yaml_scalars() -> None:
+    cfg = load_config(
+        None, ["train.lr=1e-5", "rollout.mode=real", "eval.max_tasks=null", "algo.dual_clip=null"]
+    )
+    assert cfg.train.lr == 1e-5 and cfg.rollout.mode == "real"
+    assert cfg.eval.max_tasks is None and cfg.algo.dual_clip is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.lr=abc"], "train.lr: expected float, got 'abc'"),
+        (
+            ["rollout.mode=foo"],
+            "rollout.mode: 'foo' is not one of 'rehearsal' | 'real' | 'external'",
+        ),
+        (["train.bogus=1"], "train: unknown key 'bogus'; known keys:"),
+        (["rollout.n=0"], "rollout.n: 0 must be >= 1"),
+        (["rollout.n=1.5"], "rollout.n: expected int, got 1.5"),
+        (["tensorboard=yes please"], "tensorboard: expected true or false"),
+        (["train=3"], "train: expected a mapping, got 3"),
+        (["noequals"], "expected KEY.PATH=VALUE"),
+        (
+            ["algo.sharing=noshare", "rollout.mode=external"],
+            "use sharing: share, or rollout.mode: rehearsal",
+        ),
+        (["algo.train_roles=simulator", "rollout.mode=real"], "use rollout.mode: rehearsal"),
+        (["rollout.top_p=0"], "rollout.top_p: 0.0 must be in (0, 1]"),
+        (["warm_start.grounding_dropout=2"], "warm_start.grounding_dropout: 2.0"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_fix(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
