@@ -182,6 +182,9 @@ def _median(values: list[Result]) -> Result:
 
 def run_all(sizes: list[int], repeats: int, work: Path, part_size: int) -> list[Result]:
     proc, endpoint = start_server()
+    from minio import Minio
+
+    client = Minio(endpoint, ACCESS, SECRET, secure=False)
     results = []
     try:
         for size in sizes:
@@ -197,6 +200,8 @@ def run_all(sizes: list[int], repeats: int, work: Path, part_size: int) -> list[
                     )
             results += [_median(runs[p]) for p in PHASES]
             src.unlink()
+            for owner in ("sdk", "ours"):  # moto keeps objects in memory: drop them
+                client.remove_object(BUCKET, f"{owner}/{src.name}")
     finally:
         proc.kill()
         proc.wait()
@@ -261,7 +266,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="64M,256M,1G", help="comma-separated file sizes")
     parser.add_argument("--repeats", type=int, default=1, help="runs per phase (median kept)")
-    parser.add_argument("--part-size", default="64M", help="our multipart part size")
+    parser.add_argument("--part-size", default="16M", help="our multipart part size")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/envace-bench-storage"))
     parser.add_argument(
         "--write-docs",

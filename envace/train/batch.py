@@ -18,22 +18,60 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["MicroBatch", "TrainRow", "collate", "make_micro_batches", "token_logprobs"]
+__all__ = [
+    "MicroBatch",
+    "TrainRow",
+    "collate",
+    "make_micro_batches",
+    "pack_prefix_rows",
+    "token_logprobs",
+]
 
 
 @dataclass
 class TrainRow:
-    """What the trainer needs of one generation. advantage None: not part of a policy loss."""
+    """What the trainer needs of one generation. advantage None: not part of a policy loss.
+
+    extra_spans: further trained [start, end) spans inside `prompt_ids` — set when several
+    generations that extend each other (a caller's turns, token-in / token-out) are packed into
+    one sequence, so their shared prefix is computed once (warm start only).
+    """
 
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float | None = None
     old_logprobs: list[float] | None = None
     role: str = "caller"
+    extra_spans: list[tuple[int, int]] | None = None
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def num_trained(self) -> int:
+        return len(self.response_ids) + sum(e - s for s, e in self.extra_spans or [])
+
+
+def pack_prefix_rows(rows: Sequence[TrainRow]) -> list[TrainRow]:
+    """Pack rows whose prompts extend the previous row's prompt + response into one row.
+
+    Rows must be in generation order. The packed row trains exactly the same tokens with the
+    same left context (causal attention), at the cost of one sequence instead of len(rows).
+    """
+    packed: list[TrainRow] = []
+    for row in rows:
+        last = packed[-1] if packed else None
+        if last is not None:
+            seq = last.prompt_ids + last.response_ids
+            if row.prompt_ids[: len(seq)] == seq:
+                spans = [*(last.extra_spans or []), (len(last.prompt_ids), len(seq))]
+                packed[-1] = TrainRow(
+                    row.prompt_ids, row.response_ids, role=row.role, extra_spans=spans
+                )
+                continue
+        packed.append(row)
+    return packed
 
 
 @dataclass
@@ -65,6 +103,8 @@ def collate(rows: Sequence[TrainRow], pad_id: int) -> MicroBatch:
         ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[b, : len(seq)] = 1
         resp[b, len(r.prompt_ids) : len(seq)] = 1.0
+        for start, end in r.extra_spans or []:
+            resp[b, start:end] = 1.0
     adv = torch.tensor([r.advantage or 0.0 for r in rows], dtype=torch.float32)
     return MicroBatch(ids, attn, resp, adv, list(rows))
 

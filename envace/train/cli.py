@@ -25,15 +25,18 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="artifact store URI (a folder, minio://bucket/prefix or s3://...); default: --out",
     )
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the newest complete checkpoint"
+    )
 
 
 def register(sub: Any) -> None:
     run = sub.add_parser(
         "run",
         help="the whole method on CPU: tasks, warm start, RL with world rehearsal, evaluation",
-        description="Generate tasks, warm-start both roles, train with world rehearsal (role-wise "
-        "GRPO), and evaluate untrained / warm start / after RL on held-out tasks in the real worlds.",
+        description="Generate tasks, warm-start both roles, train with world rehearsal "
+        "(role-wise GRPO), and evaluate untrained / warm start / after RL on held-out tasks in "
+        "the real worlds.",
     )
     _common(run)
     run.add_argument("--out", type=Path, default=Path("runs/local"), help="output folder")
@@ -46,7 +49,9 @@ def register(sub: Any) -> None:
     )
     _common(train)
     train.add_argument("--run-name", default="envace", help="folder of this run in the store")
-    train.add_argument("--work-dir", type=Path, default=None, help="local scratch (default: ./runs/NAME)")
+    train.add_argument(
+        "--work-dir", type=Path, default=None, help="local scratch (default: ./runs/NAME)"
+    )
     train.set_defaults(func=_train)
 
 

@@ -34,7 +34,7 @@ from envace.rollout.policies import ModelPolicy, Policy
 from envace.tasks.model import Task
 from envace.train.engine import TorchEngine
 from envace.train.rl import RLTrainer, RoleLearner
-from envace.train.sft import build_sft_rows, run_sft
+from envace.train.sft import build_sft_rows, run_sft, sft_steps
 from envace.train.tracking import MetricsLogger, plot_progress
 
 __all__ = ["RunPaths", "TaskSplits", "load_splits", "prepare_tasks", "run_main"]
@@ -195,7 +195,7 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
         splits.train, splits.gold, renderer, rollout_config(cfg), w.grounding_dropout, cfg.seed
     )
     rows = [r for r in rows if r.length <= w.max_tokens]
-    steps = max(1, round(w.epochs * len(rows) / w.batch_rows))
+    steps = sft_steps(len(rows), w.epochs, w.batch_rows)
     engine = TorchEngine(
         model,
         w.lr,

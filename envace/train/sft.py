@@ -28,10 +28,10 @@ from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import GenRequest
 from envace.rollout.types import Role
 from envace.tasks.model import Task
-from envace.train.batch import TrainRow, make_micro_batches
+from envace.train.batch import TrainRow, make_micro_batches, pack_prefix_rows
 from envace.train.engine import TrainingEngine
 
-__all__ = ["GoldPolicy", "SFTStats", "build_sft_rows", "run_sft"]
+__all__ = ["GoldPolicy", "SFTStats", "build_sft_rows", "run_sft", "sft_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,22 @@ def build_sft_rows(
             if traj.reward is None or traj.reward < 1.0:
                 broken += 1  # the gold did not replay cleanly (e.g. a length limit): skip it
                 continue
-            rows += [TrainRow(r.prompt_ids, r.response_ids, role=str(r.role)) for r in traj.rows]
+            callers = [
+                TrainRow(r.prompt_ids, r.response_ids, role="caller")
+                for r in traj.rows
+                if r.role is Role.CALLER
+            ]
+            rows += pack_prefix_rows(callers)
+            rows += [
+                TrainRow(r.prompt_ids, r.response_ids, role="simulator")
+                for r in traj.rows
+                if r.role is Role.SIMULATOR
+            ]
     return rows, broken
+
+
+def sft_steps(n_rows: int, epochs: float, batch_rows: int) -> int:
+    return max(1, round(epochs * n_rows / batch_rows))
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,7 @@ def run_sft(
     if not rows:
         raise ValueError("no warm-start rows: check the gold conversations and the limits")
     rng = random.Random(seed)
-    total = max(1, round(epochs * len(rows) / batch_rows))
+    total = sft_steps(len(rows), epochs, batch_rows)
     order: list[TrainRow] = []
     losses: list[float] = []
     bar = tqdm(range(total), desc="warm start", unit="step", disable=not progress)
@@ -142,7 +156,7 @@ def run_sft(
             rng.shuffle(fresh)
             order += fresh
         batch, order = order[:batch_rows], order[batch_rows:]
-        n_tokens = sum(len(r.response_ids) for r in batch)
+        n_tokens = sum(r.num_trained for r in batch)
         loss_sum = 0.0
         for mb in make_micro_batches(batch, batch_rows, pad_id):
             logp = engine.logprobs(mb)

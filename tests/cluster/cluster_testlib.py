@@ -360,7 +360,7 @@ class _Handler(BaseHTTPRequestHandler):
         cluster = self.cluster
         if path.startswith(_GROUP_PATH) and not cluster.trainer_installed:
             return 404, b"404 page not found\n"
-        if method == "GET" and path == "/apis":
+        if method == "GET" and path in ("/apis", "/apis/"):
             return 200, {
                 "kind": "APIGroupList",
                 "apiVersion": "v1",
@@ -490,7 +490,7 @@ def serve_fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
     cluster = FakeCluster()
     handler = type("Handler", (_Handler,), {"cluster": cluster})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     kubeconfig = tmp_path / "kubeconfig"
