@@ -60,7 +60,6 @@ class TransformersBackend:
                 out[i] = gen
         return [g for g in out if g is not None]
 
-    @torch.inference_mode()
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
@@ -74,19 +73,20 @@ class TransformersBackend:
         was_training = self.model.training
         self.model.eval()
         try:
-            result = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=params.max_new_tokens,
-                do_sample=not greedy,
-                temperature=None if greedy else params.temperature,
-                top_p=None if greedy else params.top_p,
-                top_k=None if greedy or params.top_k <= 0 else params.top_k,
-                eos_token_id=self.eos_id,
-                pad_token_id=self.pad_id,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
+            with torch.inference_mode():
+                result = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=params.max_new_tokens,
+                    do_sample=not greedy,
+                    temperature=None if greedy else params.temperature,
+                    top_p=None if greedy else params.top_p,
+                    top_k=None if greedy or params.top_k <= 0 else params.top_k,
+                    eos_token_id=self.eos_id,
+                    pad_token_id=self.pad_id,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                )
         finally:
             self.model.train(was_training)
         seqs = result.sequences[:, width:]  # (B, T_new)

@@ -393,7 +393,7 @@ class RolloutEngine:
         self.policy = policy
         self.cfg = cfg
         self.grader = grader
-        self.simulator = simulator if cfg.mode == "external" else (simulator or policy)
+        self.simulator: Policy = simulator or policy
         self.make_env = make_env
 
     def run(

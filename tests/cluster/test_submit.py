@@ -22,6 +22,7 @@ import envace.cluster.cli as cluster_cli
 from envace.cluster.submit import FollowTimeoutError, TrainJobState, follow
 from envace.cluster.trainjob import TrainJobSpec, build_trainjob
 
+PROGRESS_LINE = "Running | node: active=2 ready=2 | 40% | ETA 0:13:20 | loss=0.53 reward=0.61"
 CONFIG = "seed: 0\nmodel:\n  preset: tiny-4m\ntrain:\n  iterations: 2\n"
 
 RUNNING = {
@@ -129,7 +130,7 @@ def test_submit_creates_the_job_and_follows_it_to_completion(
         "created TrainJob team-a/run-1: 2 node(s) x 8 process(es), runtime envace, run run-1",
         "team-a/run-1: Pending",
         "team-a/run-1: Running | node: active=2 ready=2",  # printed once, though polled twice
-        "team-a/run-1: Running | node: active=2 ready=2 | 40% | ETA 0:13:20 | loss=0.53 reward=0.61",
+        f"team-a/run-1: {PROGRESS_LINE}",
         "team-a/run-1: Complete | node: succeeded=2 | TrainJob is completed",
     ]
     assert not fake_api.cluster.calls("DELETE", "trainjobs")
@@ -204,9 +205,7 @@ def test_status_command(
     fake_api.cluster.gets = 0
     capsys.readouterr()
     assert _run(["cluster", "status", "run-1", "--kubeconfig", str(fake_api.kubeconfig)]) == 0
-    assert capsys.readouterr().out == (
-        "team-a/run-1: Running | node: active=2 ready=2 | 40% | ETA 0:13:20 | loss=0.53 reward=0.61\n"
-    )
+    assert capsys.readouterr().out == f"team-a/run-1: {PROGRESS_LINE}\n"
     fake_api.cluster.statuses = [RUNNING, COMPLETE]
     fake_api.cluster.gets = 0
     argv = [
