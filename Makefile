@@ -24,8 +24,9 @@ $(VENV)/.stamp-base: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml
-	$(PIP) install -q -e ".[test,pipelines,deepspeed]"
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh
+	$(PIP) install -q -e ".[test,cluster]"
+	bash scripts/install_tools.sh
 	touch $@
 
 venv: $(VENV)/.stamp-base

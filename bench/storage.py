@@ -6,9 +6,9 @@ For each file size it uploads and downloads the same file through
   - `S3Store.put_file` / `S3Store.get_file` (ours: sha256 while streaming, bounded retries), and
   - `Minio.fput_object` / `Minio.fget_object` with the SDK's defaults (the baseline),
 against one S3-protocol test server (moto, in its own process) on 127.0.0.1. Each operation runs
-in a fresh child process so its peak RSS (`ru_maxrss`) belongs to that operation alone. The
-result is printed and, with --write-docs, written as the `## Artifact store` section of
-docs/benchmarks.md (other sections are left as they are).
+in a fresh child process whose peak RSS (VmHWM, reset after the imports) belongs to that
+operation alone. The result is printed and, with --write-docs, written as the
+`## Artifact store` section of docs/benchmarks.md (other sections are left as they are).
 """
 
 from __future__ import annotations
@@ -51,11 +51,20 @@ class Result:
 # -- child side: one operation, timed, in a fresh process ------------------------------------
 
 
-def _current_rss_kb() -> int:
+def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM so the peak covers the operation only, not the imports before it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def run_phase(args: argparse.Namespace) -> None:
@@ -82,11 +91,12 @@ def run_phase(args: argparse.Namespace) -> None:
         "sdk-get": lambda: sdk.fget_object(BUCKET, args.key, args.out),
         "ours-get": lambda: ours.get_file(args.key, Path(args.out)),
     }
-    idle = _current_rss_kb()
+    reset = _reset_peak_rss()
+    idle = _status_kb("VmRSS")
     start = time.perf_counter()
     operations[args.phase]()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _status_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"seconds": seconds, "idle_rss_kb": idle, "peak_rss_kb": peak}))
 
 

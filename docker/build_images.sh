@@ -14,6 +14,7 @@
 #   WHEELS_DIR        folder of local wheels offered to pip first, e.g. /opt/wheels with a CPU torch
 #   TORCH_INDEX_URL   index for the CPU torch wheel (default: the Dockerfile's PyTorch CPU index)
 #   BUILD_NETWORK     `docker build --network` value, e.g. host for a daemon started with --bridge=none
+#   PIP_CA_BUNDLE     PEM bundle pip must trust while building (behind a TLS-intercepting proxy)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -31,9 +32,13 @@ trap 'rm -rf "$STAGE"' EXIT
         if [[ -e "$ROOT/$path" ]]; then printf '%s\0' "$path"; fi
     done |
     tar -C "$ROOT" --null -T - -cf - | tar -C "$STAGE" -xf -
-mkdir -p "$STAGE/wheels" "$STAGE/pipelines" "$STAGE/configs"
+mkdir -p "$STAGE/wheels" "$STAGE/certs" "$STAGE/pipelines" "$STAGE/configs"
 if [[ -n "${WHEELS_DIR:-}" ]]; then
     cp "$WHEELS_DIR"/*.whl "$STAGE/wheels/"
+fi
+if [[ -n "${PIP_CA_BUNDLE:-}" ]]; then
+    cp "$PIP_CA_BUNDLE" "$STAGE/certs/ca.pem"
+    printf '[global]\ncert = /tmp/certs/ca.pem\n' >"$STAGE/certs/pip.conf"
 fi
 
 common=()

@@ -11,10 +11,14 @@ FROM ${BASE_IMAGE} AS build
 ARG TORCH_VERSION=2.13.0
 # The CPU wheel index: a bare `torch` from PyPI is the multi-GB CUDA build.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# certs/pip.conf exists only when build_images.sh got PIP_CA_BUNDLE (a TLS-intercepting proxy);
+# pip skips a missing config file. Neither reaches the final stage.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    PIP_CONFIG_FILE=/tmp/certs/pip.conf
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
+COPY certs/ /tmp/certs/
 # Local wheels (e.g. a CPU torch build already on the machine) are used before any index.
 COPY wheels/ /tmp/wheels/
 RUN pip install --no-cache-dir --find-links /tmp/wheels --extra-index-url "${TORCH_INDEX_URL}" \

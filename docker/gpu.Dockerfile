@@ -19,8 +19,11 @@ LABEL org.opencontainers.image.title="envace-gpu" \
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     DS_BUILD_OPS=0
+# certs/pip.conf exists only when build_images.sh got PIP_CA_BUNDLE (a TLS-intercepting proxy);
+# pip skips a missing config file.
+COPY certs/ /tmp/certs/
 # One layer for the heavy dependencies, before the source, so code changes rebuild only the last layers.
-RUN pip install --no-cache-dir \
+RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir \
         "deepspeed==${DEEPSPEED_VERSION}" \
         "vllm==${VLLM_VERSION}" \
         "peft==${PEFT_VERSION}" \
@@ -29,8 +32,8 @@ RUN pip install --no-cache-dir \
 COPY pyproject.toml README.md /src/
 COPY envace /src/envace
 COPY pipelines /src/pipelines
-RUN pip install --no-cache-dir "/src[gpu,pipelines]" \
-    && rm -rf /src \
+RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir "/src[gpu,pipelines]" \
+    && rm -rf /src /tmp/certs \
     && groupadd --gid 1000 envace \
     && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/envace --shell /usr/sbin/nologin envace
 COPY configs /opt/envace/configs

@@ -29,6 +29,9 @@ def register(sub: Any) -> None:
     p.add_argument("--max-context-tokens", type=int, default=4096)
     p.add_argument("--no-fidelity", action="store_true", help="skip the rehearsal-fidelity probes")
     p.add_argument("--skip-invalid", action="store_true", help="skip malformed tasks (reported)")
+    p.add_argument(
+        "--store", default=None, help="also commit the report folder to this artifact store URI"
+    )
     p.set_defaults(func=_run)
 
 
@@ -59,5 +62,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     extra = {"policy": args.policy, "tasks": str(args.tasks), "skipped": len(loaded.skipped)}
     print_and_write(result, args.out, extra)
+    if args.store:
+        from envace.storage.artifacts import commit_dir
+
+        commit_dir(args.out, args.store)
+        print(f"committed the report to {args.store}")
     print(json.dumps({"metrics": str(args.out / "metrics.json")}))
     return 0

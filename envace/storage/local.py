@@ -73,7 +73,7 @@ class LocalStore:
         return self.path(key).is_file()
 
     def list(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[ObjectInfo]:
-        base = self.path(prefix)
+        base = self.path(prefix.rstrip("/"))
         if not base.is_dir():
             return []
         entries = base.rglob("*") if recursive else base.iterdir()
@@ -102,7 +102,7 @@ class LocalStore:
         return True
 
     def delete_prefix(self, prefix: str) -> int:
-        base = self.path(prefix)
+        base = self.path(prefix.rstrip("/"))
         if not base.is_dir():
             return 0
         count = sum(1 for p in base.rglob("*") if p.is_file())

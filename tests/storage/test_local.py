@@ -47,7 +47,7 @@ def test_listing_copy_delete(tmp_path: Path) -> None:
     store.put_bytes(b"1", "run/y.txt")
     (tmp_path / "run" / ".dead.envace-part").write_bytes(b"left by a killed writer")
     assert store.list("run") == [ObjectInfo("run/x/a.bin", 5), ObjectInfo("run/y.txt", 1)]
-    assert store.list("run", recursive=False) == [
+    assert store.list("run/", recursive=False) == [
         ObjectInfo("run/x/", 0, is_dir=True),
         ObjectInfo("run/y.txt", 1),
     ]
