@@ -120,6 +120,17 @@ class RLTrainer:
 
     # --- one iteration ------------------------------------------------------------------------
     def iteration(self, it: int) -> dict[str, Any]:
+        """Rollout + advantages + update, in one process."""
+        rows, metrics = self.collect(it)
+        t1 = time.perf_counter()
+        update = self.update(rows)
+        return {**metrics, **update, "time/update_s": time.perf_counter() - t1}
+
+    def collect(self, it: int) -> tuple[list[Row], dict[str, Any]]:
+        """The rollout half of an iteration: rows with rewards and advantages, and metrics.
+
+        Split from `update` so a pipeline can run rollout and training in separate steps with
+        the rows stored in between (see `envace.rollout.io`)."""
         cfg = self.cfg
         torch.manual_seed(iteration_seed(cfg.train.seed, it))
         batch = sample_tasks(self.tasks, cfg.rollout.batch_tasks, cfg.train.seed, it)
@@ -127,16 +138,11 @@ class RLTrainer:
         trajs = self.engine.run(batch, n=cfg.rollout.n)
         t_rollout = time.perf_counter() - t0
         rows, adv_metrics = self._advantages(trajs)
-        t1 = time.perf_counter()
-        update = self._update(rows)
-        t_update = time.perf_counter() - t1
-        return {
+        return rows, {
             "iteration": it + 1,
             **_rollout_metrics(trajs),
             **adv_metrics,
-            **update,
             "time/rollout_s": t_rollout,
-            "time/update_s": t_update,
             "throughput/generated_tokens": sum(len(r.response_ids) for t in trajs for r in t.rows),
         }
 
@@ -164,7 +170,8 @@ class RLTrainer:
         roles = self.cfg.algo.train_roles
         return row.trainable and row.advantage is not None and (roles in ("both", str(row.role)))
 
-    def _update(self, rows: Sequence[Row]) -> dict[str, float]:
+    def update(self, rows: Sequence[Row]) -> dict[str, float]:
+        """The training half: PPO on the trainable rows, per learner."""
         out: dict[str, float] = {}
         for learner in self.learners:
             mine = [r for r in rows if self._allowed(r) and str(r.role) in learner.roles]

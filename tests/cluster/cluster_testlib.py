@@ -172,31 +172,55 @@ class _CrdValidator:
             self._programs[rule] = self.cel.program(self.cel.compile(rule))
         return self._programs[rule]
 
-    def _cel_errors(self, schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
+    def _rule_errors(
+        self, schema: dict[str, Any], value: Any, old: Any, path: str
+    ) -> Iterator[str]:
         for rule in schema.get("x-kubernetes-validations", []):
+            bindings = {"self": celpy.json_to_cel(value)}
             if "oldSelf" in rule["rule"]:
-                continue  # transition rules only apply to updates
-            result = self._program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
-            if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and result):
+                if old is _ABSENT:
+                    continue  # transition rules apply to updates of an existing value only
+                bindings["oldSelf"] = celpy.json_to_cel(old)
+            result = self._program(rule["rule"]).evaluate(bindings)
+            if not (isinstance(result, bool | celpy.celtypes.BoolType) and result):
                 yield f"{path or '.'}: {rule.get('message', rule['rule'])} (rule: {rule['rule']})"
+
+    def _cel_errors(
+        self, schema: dict[str, Any], value: Any, path: str, old: Any = None
+    ) -> Iterator[str]:
+        """CEL rules on value and below; `old` (the previous object, or _ABSENT) for updates."""
+        old = _ABSENT if old is None else old
+        yield from self._rule_errors(schema, value, old, path)
+        old_map = old if isinstance(old, dict) else {}
         if isinstance(value, dict):
             for key, sub in schema.get("properties", {}).items():
                 if key in value:
-                    yield from self._cel_errors(sub, value[key], f"{path}.{key}")
+                    yield from self._cel_errors(sub, value[key], f"{path}.{key}", old_map.get(key))
             extra = schema.get("additionalProperties")
             if isinstance(extra, dict):
                 for key, sub_value in value.items():
-                    yield from self._cel_errors(extra, sub_value, f"{path}.{key}")
+                    yield from self._cel_errors(extra, sub_value, f"{path}.{key}", old_map.get(key))
         elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+            # Old and new list items correlate by name (the list-map key of every keyed list here).
+            old_items = (
+                {i.get("name"): i for i in old if isinstance(i, dict)}
+                if isinstance(old, list)
+                else {}
+            )
             for index, item in enumerate(value):
-                yield from self._cel_errors(schema["items"], item, f"{path}[{index}]")
+                previous = old_items.get(item.get("name")) if isinstance(item, dict) else None
+                yield from self._cel_errors(schema["items"], item, f"{path}[{index}]", previous)
 
-    def errors(self, obj: dict[str, Any]) -> list[str]:
+    def errors(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+        """Schema errors, else CEL errors; with `old`, as an update of old to obj."""
         found = [
             f"{'.'.join(str(p) for p in error.absolute_path) or '.'}: {error.message}"
             for error in self.validator.iter_errors(obj)
         ]
-        return found or list(self._cel_errors(self.schema, obj, ""))
+        return found or list(self._cel_errors(self.schema, obj, "", old))
+
+
+_ABSENT = object()
 
 
 def _load_crd_validators() -> dict[str, _CrdValidator]:
@@ -259,6 +283,10 @@ class ManifestValidator:
                 )
                 errors += [f"replicatedJobs[{replicated['name']}]: {e}" for e in _core_errors(job)]
         return errors
+
+    def update_errors(self, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+        """What the API server's transition rules say about replacing old by new (Trainer kinds)."""
+        return self.crds[new["kind"]].errors(new, old)
 
     def assert_valid(self, objects: list[dict[str, Any]]) -> None:
         problems = {

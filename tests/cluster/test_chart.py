@@ -87,6 +87,20 @@ def test_validator_catches_mistakes(
     assert validator.errors(statefulset)
 
 
+def test_upgrades_respect_the_runtime_crd_immutable_fields(
+    helm: str, validator: ManifestValidator
+) -> None:
+    """`helm upgrade` between value sets must not touch what the CRD's transition rules freeze."""
+    installed = find(render(helm), "TrainingRuntime")
+    upgraded = find(render(helm, ("kind-values.yaml",)), "TrainingRuntime")
+    assert validator.update_errors(installed, upgraded) == []
+    restarts = find(render(helm, sets=("runtime.maxRestarts=2",)), "TrainingRuntime")
+    errors = validator.update_errors(installed, restarts)
+    assert errors == [
+        ".spec.template.spec.failurePolicy: field is immutable (rule: self == oldSelf)"
+    ]
+
+
 def test_default_inventory(default_objects: list[dict[str, Any]]) -> None:
     names = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in default_objects)
     assert names == [

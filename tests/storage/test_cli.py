@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +107,13 @@ def test_store_flag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = argparse.ArgumentParser()
     add_store_argument(parser)
     assert parser.parse_args([]).store == "s3://team/runs"
+
+
+def test_cli_import_stays_light() -> None:
+    """`envace --help` imports every cli module: ours must not pull in the minio SDK."""
+    code = (
+        "import sys, envace.storage.cli, envace.storage;"
+        "assert 'minio' not in sys.modules and 'urllib3' not in sys.modules, sorted(sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)

@@ -12,6 +12,7 @@ so the three files cannot drift. `--check` exits 1 when either file is out of da
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import sys
@@ -97,7 +98,7 @@ def _schema_node(schema: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _type_of(schema: dict[str, Any], node: dict[str, Any]) -> str:
     if "$ref" in node:
-        name = node["$ref"].rsplit("/", 1)[-1]
+        name = str(node["$ref"]).rsplit("/", 1)[-1]
         if "enum" not in schema["$defs"][name]:
             return name
         node = schema["$defs"][name]
@@ -120,7 +121,7 @@ def render_table(docs: list[ValueDoc], schema: dict[str, Any]) -> str:
 
 
 def _described_schema(docs: list[ValueDoc], schema: dict[str, Any]) -> dict[str, Any]:
-    updated = json.loads(json.dumps(schema))
+    updated: dict[str, Any] = copy.deepcopy(schema)
     for doc in docs:
         _schema_node(updated, doc.path)["description"] = doc.description
     return updated
@@ -166,7 +167,7 @@ def main() -> int:
     if args.check:
         stale = check()
         for name in stale:
-            print(f"{CHART / name} is out of date: run python {Path(__file__).relative_to(Path.cwd())}")
+            print(f"{CHART / name} is out of date: run python charts/envace/hack/gen_readme.py")
         return 1 if stale else 0
     write()
     return 0
