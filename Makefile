@@ -8,10 +8,11 @@ PIP := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/local
 CONFIG ?= configs/local.yaml
+PY_SRC := envace pipelines tests bench charts/envace/hack docker
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 
-.PHONY: run test lint typecheck unit venv install clean help
+.PHONY: run test lint typecheck unit venv install clean help tools images test-images test-e2e
 
 help:
 	@echo "make run   - create .venv, install, run the whole method on CPU (configs/local.yaml) into $(OUT)"
@@ -35,14 +36,28 @@ run: $(VENV)/.stamp-base
 	$(VENV)/bin/envace run --config $(CONFIG) --out $(OUT)
 
 lint: $(VENV)/.stamp-test
-	$(VENV)/bin/ruff format --check envace pipelines tests bench
-	$(VENV)/bin/ruff check envace pipelines tests bench
+	$(VENV)/bin/ruff format --check $(PY_SRC)
+	$(VENV)/bin/ruff check $(PY_SRC)
 
 typecheck: $(VENV)/.stamp-test
 	$(VENV)/bin/mypy
 
 unit: $(VENV)/.stamp-test
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -m "not e2e" tests
+
+tools:
+	bash scripts/install_tools.sh
+
+# Container images (needs a Docker engine; see docs/images.md) and their tests.
+images:
+	docker/build_images.sh cpu gpu
+
+test-images: $(VENV)/.stamp-test
+	$(VENV)/bin/pytest -q -m e2e tests/e2e/test_images.py
+
+# The kind end-to-end tier (needs kind + docker; see docs/cluster.md).
+test-e2e: $(VENV)/.stamp-test tools
+	$(VENV)/bin/pytest -q -m e2e tests/e2e
 
 test: lint typecheck unit
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_upgrades_respect_the_runtime_crd_immutable_fields(
     restarts = find(render(helm, sets=("runtime.maxRestarts=2",)), "TrainingRuntime")
     errors = validator.update_errors(installed, restarts)
     assert errors == [
-        ".spec.template.spec.failurePolicy: field is immutable (rule: self == oldSelf)"
+        ".spec.template.spec.failurePolicy: Value is immutable (rule: self == oldSelf)"
     ]
 
 
@@ -488,3 +489,32 @@ def test_bucket_init_script_is_idempotent(tmp_path: Path) -> None:
         "arn:aws:s3:::extra",
         "arn:aws:s3:::extra/*",
     ]
+
+
+def _notes(helm: str, tmp_path: Path, values: tuple[str, ...]) -> str:
+    """NOTES.txt as `helm install` prints it: `helm template` skips NOTES, so a copy of the chart
+    renders it through `tpl` inside a probe ConfigMap (same values, same capabilities)."""
+    chart = tmp_path / "envace"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "files" / "notes.txt")
+    (chart / "templates" / "notes-probe.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+        '  notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}\n'
+    )
+    argv = [*template_argv(helm, values), "--show-only", "templates/notes-probe.yaml"]
+    argv[argv.index(str(CHART))] = str(chart)
+    return str(yaml.safe_load(run_tool(argv).stdout)["data"]["notes"])
+
+
+def test_notes_tell_how_to_use_the_release(helm: str, tmp_path: Path) -> None:
+    notes = _notes(helm, tmp_path / "default", ())
+    assert "endpoint     : envace-minio.envace.svc:9000 (http)" in notes
+    assert "envace cluster submit --namespace envace --runtime envace --config" in notes
+    assert "kubectl -n envace apply -k k8s/overlays/gpu-single-node" in notes
+    assert "Kubeflow Trainer + JobSet : found" in notes
+    assert "Inference server" not in notes
+    notes = _notes(helm, tmp_path / "gpu", ("gpu-values.yaml",))
+    assert "--runtime envace-h100 --cluster-runtime" in notes
+    assert "k8s/overlays" not in notes  # the overlays reference TrainingRuntime/envace
+    assert 'http://envace-simulator.envace.svc:8000/v1  (model "simulator")' in notes
+    assert "Run pipelines with service account envace-pipelines" in notes

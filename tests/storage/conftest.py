@@ -257,6 +257,13 @@ def _make_handler(upstream: Endpoint, plan: FaultPlan) -> type[http.server.BaseH
     return Handler
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A hung handler finds its client (or moto) gone: expected here, nothing to report."""
+
+
 @dataclass
 class FlakyProxy:
     endpoint: Endpoint
@@ -266,8 +273,7 @@ class FlakyProxy:
 @pytest.fixture
 def flaky_proxy(moto_endpoint: Endpoint) -> Iterator[FlakyProxy]:
     plan = FaultPlan()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(moto_endpoint, plan))
-    server.daemon_threads = True
+    server = _QuietServer(("127.0.0.1", 0), _make_handler(moto_endpoint, plan))
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield FlakyProxy(Endpoint("127.0.0.1", int(server.server_address[1])), plan)
