@@ -77,9 +77,13 @@ class RLTrainer:
         grader: TurnGrader,
         simulator: Policy | None = None,
         make_env: Any = None,
+        *,
+        ref_model: Any = None,
     ) -> None:
-        if not tasks:
-            raise ValueError("RL needs at least one training task")
+        """`ref_model`: the frozen KL reference (kl_coef > 0); default: a copy of the first
+        learner's model as it is now. A pipeline's train step, which rebuilds the trainer every
+        round, passes the RL-start model instead. `tasks` may be empty for a trainer that only
+        updates (`update`); `collect` needs them."""
         self.cfg = cfg
         self.tasks = list(tasks)
         self.learners = list(learners)
@@ -111,10 +115,13 @@ class RLTrainer:
             kl_kind=a.kl_kind,
         )
         self.ref_model: Any = None
-        if a.kl_coef > 0:
+        if a.kl_coef > 0 and (ref_model is not None or self.learners):
             import copy
 
-            self.ref_model = copy.deepcopy(self.learners[0].engine.model).eval()
+            ref = (
+                ref_model if ref_model is not None else copy.deepcopy(self.learners[0].engine.model)
+            )
+            self.ref_model = ref.eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
@@ -132,6 +139,8 @@ class RLTrainer:
         Split from `update` so a pipeline can run rollout and training in separate steps with
         the rows stored in between (see `envace.rollout.io`)."""
         cfg = self.cfg
+        if not self.tasks:
+            raise ValueError("RL needs at least one training task")
         torch.manual_seed(iteration_seed(cfg.train.seed, it))
         batch = sample_tasks(self.tasks, cfg.rollout.batch_tasks, cfg.train.seed, it)
         t0 = time.perf_counter()
