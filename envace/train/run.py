@@ -268,6 +268,11 @@ def _save_rl_checkpoint(
         "rng": {"torch": torch.get_rng_state(), "python": _random.getstate()},
     }
     torch.save(state, ckpt / "trainer_state.pt")
+    import shutil
+
+    for name in ("metrics.jsonl", "stages.json"):  # history, so a resume elsewhere keeps it
+        if (paths.out / name).exists():
+            shutil.copyfile(paths.out / name, ckpt / name)
     return paths.commit(ckpt)
 
 
@@ -282,6 +287,19 @@ def _resume_point(paths: RunPaths) -> Path | None:
     local = paths.checkpoints / "rl" / uri.rstrip("/").rsplit("/", 1)[-1]
     fetch_dir(uri, local)
     return local
+
+
+def _restore_history(paths: RunPaths, ckpt: Path) -> None:
+    """On resume: the run's tasks and metric history, from the store when not here."""
+    import shutil
+
+    from envace.storage.artifacts import fetch_dir
+
+    if not (paths.tasks / "train.jsonl").exists():
+        fetch_dir(paths.store_uri(paths.tasks), paths.tasks)
+    for name in ("metrics.jsonl", "stages.json"):
+        if not (paths.out / name).exists() and (ckpt / name).exists():
+            shutil.copyfile(ckpt / name, paths.out / name)
 
 
 def rl_stage(
@@ -382,7 +400,10 @@ def run_main(
         json.loads(stages_path.read_text()) if resume and stages_path.exists() else {}
     )
     resume_from = _resume_point(paths) if resume else None
-    if resume_from is None or not (paths.tasks / "train.jsonl").exists():
+    if resume_from is not None:
+        _restore_history(paths, resume_from)
+        stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
+    if resume_from is None:
         prepare_tasks(cfg, paths)
     splits = load_splits(paths.tasks)
     if resume_from is not None:
@@ -451,8 +472,21 @@ def run_main(
         },
     }
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    summary["artifacts"]["report"] = _commit_report(paths)
     _print_summary(summary)
     return summary
+
+
+def _commit_report(paths: RunPaths) -> str:
+    """summary, metrics, plot and config as one committed artifact (`report/`)."""
+    import shutil
+
+    report = paths.out / "report"
+    report.mkdir(exist_ok=True)
+    for name in ("summary.json", "metrics.jsonl", "stages.json", "config.json", "progress.png"):
+        if (paths.out / name).exists():
+            shutil.copyfile(paths.out / name, report / name)
+    return paths.commit(report)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

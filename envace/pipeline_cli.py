@@ -1,0 +1,486 @@
+"""`envace pipeline ...`: the Kubeflow Pipelines v2 pipeline (pipelines/), compiled, submitted or
+run locally, and the train step a TrainJob runs.
+
+    envace pipeline compile --out pipelines/envace_pipeline.yaml [--rounds N --gpus N ...]
+    envace pipeline submit --host URL --experiment NAME [--param KEY=VALUE ...]
+    envace pipeline run-local --store URI [--config F --set KEY=VALUE ...]
+    envace pipeline train-step --config F --checkpoint URI --trajectories URI --out URI
+
+kfp and the stage code are imported inside the handlers, so `envace --help` stays fast and works
+without the `pipelines` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envace.errors import EnvaceError, UserInputError
+
+__all__ = [
+    "DEFAULT_PACKAGE",
+    "LocalRun",
+    "compile_pipeline",
+    "pipeline_options",
+    "register",
+    "run_local",
+    "submit",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PACKAGE = Path("pipelines") / "envace_pipeline.yaml"
+_COMPILE_HINT = f"envace pipeline compile --out {DEFAULT_PACKAGE}"
+_PARAM_TYPES = {
+    "STRING": str,
+    "NUMBER_INTEGER": int,
+    "NUMBER_DOUBLE": float,
+    "BOOLEAN": bool,
+}
+
+
+# --- shared arguments -------------------------------------------------------------------------
+def _config_args(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--config", type=Path, default=None, help=f"YAML config ({what})")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value, e.g. --set train.lr=1e-5 (repeatable)",
+    )
+
+
+def _pipeline_args(parser: argparse.ArgumentParser) -> None:
+    from pipelines.components import DEFAULT_IMAGE
+
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rollout -> train rounds, unrolled (default: 2)"
+    )
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        help=f"default of the `image` run parameter (default: {DEFAULT_IMAGE})",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="GPUs of each model step (warm start, rollout, train, evaluate); 0: CPU (default)",
+    )
+    parser.add_argument("--cpu", default="2", help="CPUs of each model step (default: 2)")
+    parser.add_argument("--memory", default="8Gi", help="memory of each model step (default: 8Gi)")
+    parser.add_argument(
+        "--gpu-node-selector",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="node label the model steps require, e.g. pool=gpu (repeatable)",
+    )
+    parser.add_argument(
+        "--gpu-toleration",
+        action="append",
+        default=None,
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="taint the model steps tolerate (repeatable); default with --gpus > 0: "
+        "nvidia.com/gpu:NoSchedule",
+    )
+    parser.add_argument(
+        "--shm-size", default="2Gi", help="memory-backed /dev/shm of model steps (default: 2Gi)"
+    )
+    parser.add_argument(
+        "--secret",
+        default="envace-store",
+        help="Secret with the store credentials, keys access-key / secret-key "
+        "(default: envace-store, what charts/envace creates)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        help="default of the `store` run parameter (default: minio://envace/runs)",
+    )
+    parser.add_argument(
+        "--store-endpoint",
+        default=None,
+        help="default of the `store_endpoint` run parameter (default: http://envace-minio:9000)",
+    )
+    _config_args(parser, "default of the `config` run parameter; default: the built-in defaults")
+
+
+def pipeline_options(args: argparse.Namespace) -> Any:
+    """`PipelineOptions` from the compile flags."""
+    from envace.cluster.trainjob import parse_key_value, parse_toleration
+    from envace.config import load_config
+    from envace.stages import config_json
+    from pipelines.pipeline import DEFAULT_STORE, DEFAULT_STORE_ENDPOINT, PipelineOptions
+
+    if args.rounds < 0 or args.gpus < 0:
+        raise UserInputError("--rounds and --gpus must be 0 or more")
+    tolerations = None
+    if args.gpu_toleration is not None:
+        tolerations = tuple(parse_toleration(t) for t in args.gpu_toleration)
+    return PipelineOptions(
+        config_json=config_json(load_config(args.config, args.overrides)),
+        rounds=args.rounds,
+        image=args.image,
+        gpus=args.gpus,
+        cpu=args.cpu,
+        memory=args.memory,
+        gpu_node_selector=dict(
+            parse_key_value(s, "--gpu-node-selector") for s in args.gpu_node_selector
+        ),
+        gpu_tolerations=tolerations,
+        shm_size=args.shm_size,
+        secret=args.secret,
+        store=args.store or DEFAULT_STORE,
+        store_endpoint=args.store_endpoint or DEFAULT_STORE_ENDPOINT,
+    )
+
+
+# --- compile ----------------------------------------------------------------------------------
+def compile_pipeline(options: Any, out: Path) -> Path:
+    """Write the pipeline for `options` as KFP IR YAML to `out`."""
+    from kfp import compiler
+
+    from pipelines.pipeline import build_pipeline
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_pipeline(options), str(out))
+    return out
+
+
+def _compile(args: argparse.Namespace) -> int:
+    out = compile_pipeline(pipeline_options(args), args.out)
+    print(f"wrote {out} ({args.rounds} round(s)); upload it in the Kubeflow Pipelines UI")
+    return 0
+
+
+# --- submit -----------------------------------------------------------------------------------
+def _package_inputs(package: Path) -> dict[str, str]:
+    """Run parameters of a compiled pipeline: name -> IR parameter type."""
+    import yaml
+
+    try:
+        spec = next(yaml.safe_load_all(package.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise UserInputError(
+            f"{package}: no compiled pipeline there; run `{_COMPILE_HINT}`"
+        ) from None
+    params = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    return {name: str(p["parameterType"]) for name, p in params.items()}
+
+
+def _coerce_param(name: str, text: str, kind: str) -> Any:
+    convert = _PARAM_TYPES.get(kind, str)
+    if convert is bool:
+        if text.lower() not in ("true", "false"):
+            raise UserInputError(f"--param {name}={text}: expected true or false")
+        return text.lower() == "true"
+    try:
+        return convert(text)
+    except ValueError:
+        raise UserInputError(f"--param {name}={text}: expected a {convert.__name__}") from None
+
+
+def parse_params(items: Sequence[str], inputs: Mapping[str, str]) -> dict[str, Any]:
+    """`KEY=VALUE` flags as typed run parameters of a pipeline with `inputs`."""
+    params: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise UserInputError(f"--param {item!r}: expected KEY=VALUE, e.g. train_nodes=2")
+        if name not in inputs:
+            raise UserInputError(
+                f"--param {name}: the pipeline has no such parameter; it takes "
+                f"{', '.join(sorted(inputs))}"
+            )
+        params[name] = _coerce_param(name, text, inputs[name])
+    return params
+
+
+def submit(
+    client: Any,
+    package: Path,
+    params: Mapping[str, Any],
+    *,
+    experiment: str,
+    run_name: str | None = None,
+    namespace: str | None = None,
+    service_account: str | None = None,
+    enable_caching: bool | None = None,
+) -> str:
+    """Start a run of the compiled pipeline through a `kfp.Client`; returns the run id."""
+    result = client.create_run_from_pipeline_package(
+        str(package),
+        arguments=dict(params),
+        run_name=run_name,
+        experiment_name=experiment,
+        namespace=namespace,
+        service_account=service_account,
+        enable_caching=enable_caching,
+    )
+    return str(result.run_id)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    import kfp
+
+    inputs = _package_inputs(args.package)
+    params = parse_params(args.param, inputs)
+    if args.config is not None or args.overrides:
+        from envace.config import load_config
+        from envace.stages import config_json
+
+        params["config"] = config_json(load_config(args.config, args.overrides))
+    client = kfp.Client(host=args.host, namespace=args.namespace or "kubeflow")
+    run_id = submit(
+        client,
+        args.package,
+        params,
+        experiment=args.experiment,
+        run_name=args.run_name,
+        namespace=args.namespace,
+        service_account=args.service_account,
+        enable_caching=False if args.no_cache else None,
+    )
+    print(f"started run {run_id} in experiment {args.experiment!r} at {args.host}")
+    print(f"results: <store>/{run_id}/ (checkpoints, rollouts, evaluation)")
+    return 0
+
+
+# --- run-local --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalRun:
+    checkpoint_uri: str
+    evaluation_uri: str
+    metrics: dict[str, Any]
+    pipeline_root: Path
+
+
+_LOCAL_NOOP_WARNINGS = (
+    # Resources, images and Kubernetes settings mean nothing to a local subprocess.
+    r".*have no effect in the current local runner.*",
+    r".*non-Python base image.*",
+)
+
+
+@contextlib.contextmanager
+def _local_environment() -> Iterator[None]:
+    """Component subprocesses import this envace; KFP's notes about settings they ignore
+    (resources, image, Kubernetes) are silenced."""
+    import envace
+
+    source_root = str(Path(envace.__file__).resolve().parents[1])
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, previous) if p)
+    try:
+        with warnings.catch_warnings():
+            for pattern in _LOCAL_NOOP_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern)
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
+def _local_endpoint(store: str, default: str) -> str:
+    """The store endpoint the components get: this machine's ENVACE_S3_* settings."""
+    from envace.storage.settings import S3Settings
+    from envace.storage.uri import parse_uri
+
+    if parse_uri(store).is_local:
+        return default
+    return S3Settings.from_env().require(store).endpoint_url
+
+
+def run_local(options: Any, store: str, pipeline_root: Path) -> LocalRun:
+    """Run the whole pipeline with KFP's local SubprocessRunner (this Python, no containers).
+
+    `pipeline_root` (a local folder) gets KFP's outputs (metrics, the report); the artifacts go
+    to `store`, which the components read and write themselves.
+    """
+    from kfp import local
+
+    from envace.storage.artifacts import fetch_dir
+    from envace.storage.uri import parse_uri
+    from pipelines.pipeline import build_pipeline
+
+    if parse_uri(store).is_local:
+        store = str(Path(parse_uri(store).path).resolve())
+    pipeline_root = pipeline_root.resolve()
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    pipeline = build_pipeline(options)
+    endpoint = _local_endpoint(store, options.store_endpoint)
+    with _local_environment():
+        try:
+            task = pipeline(config=options.config_json, store=store, store_endpoint=endpoint)
+        except RuntimeError as exc:
+            raise EnvaceError(
+                f"the local pipeline run failed: {exc}; the failed step's log is above"
+            ) from exc
+    outputs = task.outputs
+    evaluation = str(outputs["evaluation"])
+    with tempfile.TemporaryDirectory(prefix="envace-eval-") as tmp:
+        fetch_dir(evaluation, Path(tmp))
+        metrics = json.loads((Path(tmp) / "metrics.json").read_text(encoding="utf-8"))
+    return LocalRun(str(outputs["checkpoint"]), evaluation, metrics, pipeline_root)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from envace.config import load_config
+    from envace.report import text_table
+    from envace.stages import config_json
+    from pipelines.pipeline import PipelineOptions
+
+    if args.rounds < 0:
+        raise UserInputError(f"--rounds must be 0 or more, got {args.rounds}")
+    cfg = load_config(args.config, args.overrides)
+    options = PipelineOptions(config_json=config_json(cfg), rounds=args.rounds)
+    result = run_local(options, args.store, args.pipeline_root)
+    keys = ("success_rate", "valid_call_rate", "rehearsal_fidelity", "n_tasks")
+    print(text_table(["metric", "value"], [(k, result.metrics.get(k)) for k in keys]))
+    print(f"final checkpoint: {result.checkpoint_uri}")
+    print(f"evaluation:       {result.evaluation_uri}")
+    print(f"KFP outputs:      {result.pipeline_root}")
+    return 0
+
+
+# --- train-step -------------------------------------------------------------------------------
+def _train_step(args: argparse.Namespace) -> int:
+    from envace.config import load_config
+    from envace.stages import train
+
+    cfg = load_config(args.config, args.overrides)
+    trained = train(
+        cfg,
+        args.checkpoint,
+        args.trajectories,
+        args.out,
+        total_iterations=args.total_iterations,
+    )
+    print(f"committed {trained.uri}")
+    return 0
+
+
+# --- wiring -----------------------------------------------------------------------------------
+def _add_compile(sub: Any) -> None:
+    parser = sub.add_parser(
+        "compile",
+        help="write the Kubeflow pipeline as IR YAML (upload it in the KFP UI)",
+        description="Compile prepare -> warm start -> (rollout -> train) x rounds -> evaluate to "
+        "KFP v2 IR YAML. Resources, GPU placement, /dev/shm and the credentials Secret are fixed "
+        "here; config, store, image and TrainJob settings stay run parameters.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_PACKAGE,
+        help=f"output file (default: {DEFAULT_PACKAGE})",
+    )
+    _pipeline_args(parser)
+    parser.set_defaults(func=_compile)
+
+
+def _add_submit(sub: Any) -> None:
+    parser = sub.add_parser(
+        "submit",
+        help="start a run of the compiled pipeline on Kubeflow Pipelines (kfp.Client)",
+        description="Start a run of a compiled pipeline. --config/--set replace the `config` "
+        "parameter; --param sets any run parameter.",
+    )
+    parser.add_argument(
+        "--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080"
+    )
+    parser.add_argument("--experiment", default="envace", help="experiment (default: envace)")
+    parser.add_argument("--run-name", default=None, help="run name shown in the UI")
+    parser.add_argument(
+        "--package",
+        type=Path,
+        default=DEFAULT_PACKAGE,
+        help=f"compiled pipeline (default: {DEFAULT_PACKAGE})",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run parameter, e.g. store=minio://envace/runs or train_nodes=2 (repeatable)",
+    )
+    parser.add_argument("--namespace", default=None, help="KFP namespace (multi-user installs)")
+    parser.add_argument(
+        "--service-account",
+        default=None,
+        help="service account of the run's pods (needs the RBAC charts/envace grants)",
+    )
+    parser.add_argument("--no-cache", action="store_true", help="disable caching for this run")
+    _config_args(parser, "replaces the `config` parameter")
+    parser.set_defaults(func=_submit)
+
+
+def _add_run_local(sub: Any) -> None:
+    parser = sub.add_parser(
+        "run-local",
+        help="run the whole pipeline here with KFP's local runner (CPU, no cluster)",
+        description="Run every component as a local subprocess (kfp.local SubprocessRunner); the "
+        "components read and write the store themselves. minio:// and s3:// stores take their "
+        "endpoint and credentials from ENVACE_S3_*.",
+    )
+    parser.add_argument(
+        "--store", required=True, help="artifact store: a folder, minio://bucket/prefix or s3://"
+    )
+    parser.add_argument(
+        "--pipeline-root",
+        type=Path,
+        default=Path("runs") / "kfp-local",
+        help="folder for KFP's own outputs (default: runs/kfp-local)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rollout -> train rounds")
+    _config_args(parser, "default: the built-in defaults")
+    parser.set_defaults(func=_run_local)
+
+
+def _add_train_step(sub: Any) -> None:
+    parser = sub.add_parser(
+        "train-step",
+        help="one pipeline train step (what a TrainJob runs when train_nodes > 1)",
+        description="PPO update on a rollout's rows from the checkpoint that sampled them; "
+        "commits the next checkpoint.",
+    )
+    _config_args(parser, "the run's config")
+    parser.add_argument("--checkpoint", required=True, help="URI of the current checkpoint")
+    parser.add_argument("--trajectories", required=True, help="URI of the rollout's rows")
+    parser.add_argument("--out", required=True, help="URI of the next checkpoint")
+    parser.add_argument(
+        "--total-iterations",
+        type=int,
+        default=None,
+        help="iterations the lr schedule spans (default: train.iterations)",
+    )
+    parser.set_defaults(func=_train_step)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "pipeline",
+        help="the Kubeflow Pipelines v2 pipeline: compile, submit, run-local",
+        description="prepare -> warm start -> (rollout -> train) x rounds -> evaluate on Kubeflow "
+        "Pipelines v2 (see docs/pipeline.md).",
+    )
+    sub = parser.add_subparsers(dest="pipeline_command", metavar="COMMAND", required=True)
+    _add_compile(sub)
+    _add_submit(sub)
+    _add_run_local(sub)
+    _add_train_step(sub)

@@ -1,0 +1,198 @@
+"""The EnvACE pipeline: prepare -> warm start -> (rollout -> train) x rounds -> evaluate.
+
+Rounds are unrolled when the pipeline is built (a Python loop): each rollout needs the checkpoint
+the train step before it wrote, a sequential dependency `dsl.ParallelFor` cannot express.
+
+Two kinds of settings:
+- compile time (`PipelineOptions`, the flags of `envace pipeline compile`): rounds, resources,
+  GPU count, GPU node selectors and tolerations, the /dev/shm size, the store-credentials Secret,
+  and the defaults of the run parameters below;
+- run time (pipeline parameters, editable in the Kubeflow UI): `config` (the whole config: JSON or YAML),
+  `store`, `store_endpoint`, `image`, `train_nodes`, `train_gpus_per_node`, `trainjob_runtime`.
+
+Prepare is cached (its outputs are a function of the config); every other step is not.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kfp import dsl, kubernetes
+
+from envace.cluster.trainjob import Toleration
+from pipelines.components import DEFAULT_IMAGE
+from pipelines.components.evaluate import evaluate
+from pipelines.components.prepare import prepare
+from pipelines.components.rollout import rollout
+from pipelines.components.train import train
+from pipelines.components.warm_start import warm_start
+
+__all__ = [
+    "DEFAULT_STORE",
+    "DEFAULT_STORE_ENDPOINT",
+    "GPU_RESOURCE",
+    "PIPELINE_NAME",
+    "PipelineOptions",
+    "build_pipeline",
+]
+
+PIPELINE_NAME = "envace"
+DEFAULT_STORE = "minio://envace/runs"
+# The MinIO Service charts/envace deploys (release `envace`), reached from the same namespace.
+DEFAULT_STORE_ENDPOINT = "http://envace-minio:9000"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Without explicit tolerations, GPU steps tolerate the taint GPU node pools commonly carry.
+DEFAULT_GPU_TOLERATIONS = (Toleration(key=GPU_RESOURCE, effect="NoSchedule"),)
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Compile-time settings. "Model steps" are warm start, rollout, train and evaluate: they get
+    `cpu`, `memory`, `gpus` GPUs, the node selector, the tolerations and a memory-backed
+    /dev/shm of `shm_size`; prepare gets `prepare_cpu` / `prepare_memory` and no GPU.
+
+    `gpu_tolerations=None` means: `nvidia.com/gpu:NoSchedule` when `gpus` > 0, else none.
+    Every step reads the store credentials from the Secret `secret` (keys `access_key_key`,
+    `secret_key_key`, the chart's defaults) as ENVACE_S3_ACCESS_KEY / ENVACE_S3_SECRET_KEY.
+    `config_json` (the whole config as one line of JSON: a multi-line default would break the
+    comment header KFP writes into the compiled YAML), `store`, `store_endpoint`, `image` and
+    `gpus` become run-parameter defaults.
+    """
+
+    config_json: str
+    rounds: int = 2
+    image: str = DEFAULT_IMAGE
+    gpus: int = 0
+    cpu: str = "2"
+    memory: str = "8Gi"
+    prepare_cpu: str = "1"
+    prepare_memory: str = "4Gi"
+    gpu_node_selector: Mapping[str, str] = field(default_factory=dict)
+    gpu_tolerations: tuple[Toleration, ...] | None = None
+    shm_size: str = "2Gi"
+    secret: str = "envace-store"
+    access_key_key: str = "access-key"
+    secret_key_key: str = "secret-key"
+    store: str = DEFAULT_STORE
+    store_endpoint: str = DEFAULT_STORE_ENDPOINT
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0:
+            raise ValueError(f"rounds must be 0 or more, got {self.rounds}")
+        if self.gpus < 0:
+            raise ValueError(f"gpus must be 0 or more, got {self.gpus}")
+
+    @property
+    def tolerations(self) -> tuple[Toleration, ...]:
+        if self.gpu_tolerations is not None:
+            return self.gpu_tolerations
+        return DEFAULT_GPU_TOLERATIONS if self.gpus > 0 else ()
+
+
+def _common(task: Any, options: PipelineOptions, image: Any, name: str) -> None:
+    """Every step: display name, the run's image, store credentials from the Secret."""
+    task.set_display_name(name)
+    task.set_container_image(image)
+    kubernetes.use_secret_as_env(
+        task,
+        secret_name=options.secret,
+        secret_key_to_env={
+            options.access_key_key: "ENVACE_S3_ACCESS_KEY",
+            options.secret_key_key: "ENVACE_S3_SECRET_KEY",
+        },
+    )
+
+
+def _model_step(task: Any, options: PipelineOptions, image: Any, name: str) -> Any:
+    """A step that loads the model: resources, GPU pool placement, /dev/shm; never cached."""
+    _common(task, options, image, name)
+    task.set_caching_options(False)
+    task.set_cpu_request(options.cpu).set_cpu_limit(options.cpu)
+    task.set_memory_request(options.memory).set_memory_limit(options.memory)
+    if options.gpus > 0:
+        task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(options.gpus)
+    for key, value in options.gpu_node_selector.items():
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for toleration in options.tolerations:
+        kubernetes.add_toleration(task, **_toleration_args(toleration))
+    # NCCL and vLLM workers exchange data through shared memory; a container's default is 64 MiB.
+    kubernetes.empty_dir_mount(
+        task,
+        volume_name="dshm",
+        mount_path="/dev/shm",
+        medium="Memory",
+        size_limit=options.shm_size,
+    )
+    return task
+
+
+def _toleration_args(toleration: Toleration) -> dict[str, str]:
+    as_dict = toleration.to_dict()
+    return {k: as_dict[k] for k in ("key", "operator", "value", "effect") if k in as_dict}
+
+
+class PipelineOutputs(NamedTuple):
+    checkpoint: str
+    evaluation: str
+
+
+def build_pipeline(options: PipelineOptions) -> Any:
+    """The pipeline for `options` (a KFP graph component: compile it, or call it under
+    `kfp.local`)."""
+
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="EnvACE: train a tool-use agent with world rehearsal (role-wise GRPO): "
+        f"prepare -> warm start -> (rollout -> train) x {options.rounds} -> evaluate",
+    )
+    def envace_pipeline(
+        config: str = options.config_json,
+        store: str = options.store,
+        store_endpoint: str = options.store_endpoint,
+        image: str = options.image,
+        train_nodes: int = 1,
+        train_gpus_per_node: int = options.gpus,
+        trainjob_runtime: str = "envace",
+    ) -> PipelineOutputs:
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        common = {"config": config, "store": store, "store_endpoint": store_endpoint}
+        prep = prepare(**common)
+        _common(prep, options, image, "prepare")
+        prep.set_caching_options(True)
+        prep.set_cpu_request(options.prepare_cpu).set_memory_request(options.prepare_memory)
+        prep.set_memory_limit(options.prepare_memory)
+        tasks_uri = prep.outputs["tasks_uri"]
+        ws = warm_start(
+            **common,
+            run_id=run_id,
+            checkpoint_uri=prep.outputs["checkpoint_uri"],
+            tasks_uri=tasks_uri,
+        )
+        checkpoint = _model_step(ws, options, image, "warm start").output
+        for it in range(options.rounds):
+            ro = rollout(
+                **common,
+                run_id=run_id,
+                checkpoint_uri=checkpoint,
+                tasks_uri=tasks_uri,
+                iteration=it,
+            )
+            _model_step(ro, options, image, f"rollout {it + 1}")
+            tr = train(
+                **common,
+                run_id=run_id,
+                checkpoint_uri=checkpoint,
+                trajectories_uri=ro.outputs["Output"],
+                iteration=it,
+                total_iterations=options.rounds,
+                nodes=train_nodes,
+                gpus_per_node=train_gpus_per_node,
+                trainjob_runtime=trainjob_runtime,
+                image=image,
+            )
+            checkpoint = _model_step(tr, options, image, f"train {it + 1}").outputs["Output"]
+        ev = evaluate(**common, run_id=run_id, checkpoint_uri=checkpoint, tasks_uri=tasks_uri)
+        _model_step(ev, options, image, "evaluate")
+        return PipelineOutputs(checkpoint, ev.outputs["Output"])
+
+    return envace_pipeline
