@@ -78,6 +78,9 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--n-train", type=int, required=True, help="number of train tasks (>= 1)")
     parser.add_argument("--n-test", type=int, required=True, help="number of test tasks (>= 1)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--store", default=None, help="also commit the folder to this artifact store URI"
+    )
     parser.set_defaults(func=_generate)
 
 
@@ -160,4 +163,9 @@ def _generate(args: argparse.Namespace) -> int:
     for split, path in written.items():
         # Not every split file is a task file (gold trajectories too), so count JSONL records.
         print(f"{split}: {path} ({len(_nonblank_line_numbers(path))} records)")
+    if args.store:
+        from envace.storage.artifacts import commit_dir
+
+        commit_dir(args.out, args.store)
+        print(f"committed {args.out} to {args.store}")
     return 0

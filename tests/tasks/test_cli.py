@@ -210,3 +210,28 @@ def test_generate_writes_loadable_splits(
     shutil.rmtree(out_dir)
     code_again, out_again, _ = run(capsys, *argv)
     assert (code_again, out_again) == (0, out), "same seed, same output"
+
+
+def test_generate_commits_to_a_store(tmp_path: Path) -> None:
+    from envace.storage.artifacts import verify
+
+    out, store = tmp_path / "out", tmp_path / "store"
+    assert (
+        main(
+            [
+                "tasks",
+                "generate",
+                "--out",
+                str(out),
+                "--n-train",
+                "2",
+                "--n-test",
+                "1",
+                "--store",
+                str(store),
+            ]
+        )
+        == 0
+    )
+    names = {f.path for f in verify(str(store)).files}
+    assert names == {"train.jsonl", "test.jsonl", "gold_train.jsonl"}
