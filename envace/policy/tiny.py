@@ -26,6 +26,7 @@ __all__ = [
     "build_tiny_model",
     "build_tokenizer",
     "chat_template",
+    "corpus_min_frequency",
 ]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -69,8 +70,15 @@ def chat_template() -> str:
     return (resources.files("envace.policy") / "templates" / "qwen3_tool.jinja").read_text()
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 4096) -> Any:
-    """Train a byte-level BPE tokenizer on `corpus` and wrap it as a transformers tokenizer."""
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2) -> Any:
+    """Train a byte-level BPE tokenizer on `corpus` and wrap it as a transformers tokenizer.
+
+    min_frequency: a pair is merged only if it occurs this often. Set it to a good share of the
+    corpus (see `corpus_min_frequency`) so that only the ubiquitous scaffolding (chat markup,
+    JSON keys, tool schemas, instructions) gets long tokens while entity values (names, ids,
+    file names) stay split into short pieces: then a held-out name is made of the same pieces
+    as the training names, and the model learns to copy pieces rather than memorise names.
+    """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -87,6 +95,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 4096) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
+        min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -102,6 +111,11 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 4096) -> Any:
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
     )
+
+
+def corpus_min_frequency(n_documents: int, share: float = 0.15) -> int:
+    """Merge threshold: pairs seen in at least `share` of the documents (on average)."""
+    return max(2, int(share * n_documents))
 
 
 def build_tiny_model(tokenizer: Any, preset: str = "tiny-4m", seed: int = 0) -> Any:

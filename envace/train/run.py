@@ -154,13 +154,19 @@ def tokenizer_corpus(cfg: Config, splits: TaskSplits) -> list[str]:
 
 def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any]:
     """The configured checkpoint, or the embedded tiny model with a tokenizer trained here."""
-    from envace.policy.tiny import build_tiny_model, build_tokenizer, save_checkpoint
+    from envace.policy.tiny import (
+        build_tiny_model,
+        build_tokenizer,
+        corpus_min_frequency,
+        save_checkpoint,
+    )
 
     if cfg.model.path is not None:
         from envace.policy.hf_backend import load_model_and_tokenizer
 
         return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype)
-    tokenizer = build_tokenizer(tokenizer_corpus(cfg, splits), cfg.model.vocab_size)
+    corpus = tokenizer_corpus(cfg, splits)
+    tokenizer = build_tokenizer(corpus, cfg.model.vocab_size, corpus_min_frequency(len(corpus)))
     model = build_tiny_model(tokenizer, cfg.model.preset, seed=cfg.seed)
     save_checkpoint(model, tokenizer, out_dir)
     return model, tokenizer
