@@ -22,14 +22,19 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace.errors import EnvaceError, UserInputError
+
+if TYPE_CHECKING:
+    from pipelines.pipeline import PipelineOptions
 
 __all__ = [
     "DEFAULT_PACKAGE",
     "LocalRun",
     "compile_pipeline",
+    "packaged_pipeline",
+    "parse_params",
     "pipeline_options",
     "register",
     "run_local",
@@ -40,11 +45,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PACKAGE = Path("pipelines") / "envace_pipeline.yaml"
 _COMPILE_HINT = f"envace pipeline compile --out {DEFAULT_PACKAGE}"
-_PARAM_TYPES = {
-    "STRING": str,
-    "NUMBER_INTEGER": int,
-    "NUMBER_DOUBLE": float,
-    "BOOLEAN": bool,
+# IR parameter type -> (converter, what the value must be).
+_PARAM_TYPES: dict[str, tuple[type, str]] = {
+    "STRING": (str, "text"),
+    "NUMBER_INTEGER": (int, "an integer"),
+    "NUMBER_DOUBLE": (float, "a number"),
+    "BOOLEAN": (bool, "true or false"),
 }
 
 
@@ -117,7 +123,7 @@ def _pipeline_args(parser: argparse.ArgumentParser) -> None:
     _config_args(parser, "default of the `config` run parameter; default: the built-in defaults")
 
 
-def pipeline_options(args: argparse.Namespace) -> Any:
+def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
     """`PipelineOptions` from the compile flags."""
     from envace.cluster.trainjob import parse_key_value, parse_toleration
     from envace.config import load_config
@@ -148,7 +154,7 @@ def pipeline_options(args: argparse.Namespace) -> Any:
 
 
 # --- compile ----------------------------------------------------------------------------------
-def compile_pipeline(options: Any, out: Path) -> Path:
+def compile_pipeline(options: PipelineOptions, out: Path) -> Path:
     """Write the pipeline for `options` as KFP IR YAML to `out`."""
     from kfp import compiler
 
@@ -181,15 +187,15 @@ def _package_inputs(package: Path) -> dict[str, str]:
 
 
 def _coerce_param(name: str, text: str, kind: str) -> Any:
-    convert = _PARAM_TYPES.get(kind, str)
+    convert, what = _PARAM_TYPES.get(kind, (str, "text"))
     if convert is bool:
         if text.lower() not in ("true", "false"):
-            raise UserInputError(f"--param {name}={text}: expected true or false")
+            raise UserInputError(f"--param {name}={text}: expected {what}")
         return text.lower() == "true"
     try:
         return convert(text)
     except ValueError:
-        raise UserInputError(f"--param {name}={text}: expected a {convert.__name__}") from None
+        raise UserInputError(f"--param {name}={text}: expected {what}") from None
 
 
 def parse_params(items: Sequence[str], inputs: Mapping[str, str]) -> dict[str, Any]:
@@ -232,20 +238,31 @@ def submit(
     return str(result.run_id)
 
 
+def packaged_pipeline() -> Path:
+    """The compiled pipeline shipped with the `pipelines` package (the checked-in file)."""
+    import pipelines
+
+    return Path(pipelines.__file__).resolve().parent / DEFAULT_PACKAGE.name
+
+
 def _submit(args: argparse.Namespace) -> int:
     import kfp
 
-    inputs = _package_inputs(args.package)
+    package = args.package or packaged_pipeline()
+    inputs = _package_inputs(package)
     params = parse_params(args.param, inputs)
     if args.config is not None or args.overrides:
         from envace.config import load_config
         from envace.stages import config_json
 
         params["config"] = config_json(load_config(args.config, args.overrides))
-    client = kfp.Client(host=args.host, namespace=args.namespace or "kubeflow")
+    with warnings.catch_warnings():
+        # kfp.Client's notice that it needs a KFP v2 backend (which this pipeline needs anyway).
+        warnings.filterwarnings("ignore", message=".*only works with Kubeflow Pipeline v2.*")
+        client = kfp.Client(host=args.host, namespace=args.namespace or "kubeflow")
     run_id = submit(
         client,
-        args.package,
+        package,
         params,
         experiment=args.experiment,
         run_name=args.run_name,
@@ -261,6 +278,9 @@ def _submit(args: argparse.Namespace) -> int:
 # --- run-local --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LocalRun:
+    """What a local run produced: the final checkpoint, the evaluation (its metrics loaded) and
+    the folder with KFP's own outputs."""
+
     checkpoint_uri: str
     evaluation_uri: str
     metrics: dict[str, Any]
@@ -305,7 +325,7 @@ def _local_endpoint(store: str, default: str) -> str:
     return S3Settings.from_env().require(store).endpoint_url
 
 
-def run_local(options: Any, store: str, pipeline_root: Path) -> LocalRun:
+def run_local(options: PipelineOptions, store: str, pipeline_root: Path) -> LocalRun:
     """Run the whole pipeline with KFP's local SubprocessRunner (this Python, no containers).
 
     `pipeline_root` (a local folder) gets KFP's outputs (metrics, the report); the artifacts go
@@ -409,8 +429,8 @@ def _add_submit(sub: Any) -> None:
     parser.add_argument(
         "--package",
         type=Path,
-        default=DEFAULT_PACKAGE,
-        help=f"compiled pipeline (default: {DEFAULT_PACKAGE})",
+        default=None,
+        help="compiled pipeline (default: the envace_pipeline.yaml installed with envace)",
     )
     parser.add_argument(
         "--param",

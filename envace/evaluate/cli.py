@@ -217,7 +217,13 @@ def _run_bfcl(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
         by_cat = load_bfcl_tasks(worker, categories, args.limit)
         tasks = [t for cat in categories for t in by_cat[cat]]
         run = run_bfcl_benchmark(
-            policy, tasks, _rollout_config(args), worker, rehearsal=rcfg, seed=args.seed
+            policy,
+            tasks,
+            _rollout_config(args),
+            worker,
+            rehearsal=rcfg,
+            seed=args.seed,
+            progress=True,
         )
         version = worker.info.get("version")
     lines = "".join(json.dumps(bfcl_episode_record(e)) + "\n" for e in run.baseline)

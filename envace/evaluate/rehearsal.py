@@ -147,7 +147,10 @@ def attempt_lines(traj: Trajectory, max_result_chars: int) -> list[str]:
         if m.get("role") == "assistant" and not m.get("tool_calls") and m.get("content")
     ]
     if answers:
-        lines.append(f"- answer: {_clip(str(answers[-1]), max_result_chars)}")
+        # after a caller format error the last assistant text is the malformed output itself
+        malformed = traj.end_reason is EndReason.CALLER_FORMAT_ERROR
+        label = "malformed output" if malformed else "answer"
+        lines.append(f"- {label}: {_clip(str(answers[-1]), max_result_chars)}")
     if traj.end_reason not in (None, EndReason.COMPLETED):
         lines.append(f"- ended: {traj.end_reason}")
     if not traj.calls and not answers:
@@ -171,6 +174,7 @@ class MemoryPrompt:
     messages: list[dict[str, Any]]
     attempts: list[Trajectory]  # every attempt so far (the chat may show only the latest)
     previous: str  # notes so far (sequential), "" at first
+    fits: bool = True  # False: over budget even with every attempt line dropped
 
 
 def build_memory_prompt(
@@ -202,12 +206,14 @@ def build_memory_prompt(
         ]
 
     messages = build()
-    if count_tokens is not None and max_tokens is not None:
-        while count_tokens(messages) > max_tokens and any(shown):
-            longest = max(shown, key=len)
-            longest.pop()
-            messages = build()
-    return MemoryPrompt(task, messages, list(attempts), previous)
+    if count_tokens is None or max_tokens is None:
+        return MemoryPrompt(task, messages, list(attempts), previous)
+    while count_tokens(messages) > max_tokens and any(shown):
+        longest = max(shown, key=len)
+        longest.pop()
+        messages = build()
+    fits = count_tokens(messages) <= max_tokens
+    return MemoryPrompt(task, messages, list(attempts), previous, fits)
 
 
 # --- memory writers ----------------------------------------------------------------------------
@@ -436,7 +442,10 @@ class _Rehearsal:
             )
             prompts.append(dataclasses.replace(p, attempts=list(rec.attempts)))
         params = SamplingParams(self.rcfg.memory_tokens, 0.0, seed=self.seed)
-        return self.writer.write(prompts, params)
+        fitting = [p for p in prompts if p.fits]
+        written = iter(self.writer.write(fitting, params) if fitting else [])
+        # a task whose condensation request cannot fit the context gets no notes
+        return [next(written) if p.fits else WrittenMemory("", 0) for p in prompts]
 
 
 def _record(rec: TaskRehearsal, trajs: Sequence[Trajectory]) -> None:

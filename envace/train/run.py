@@ -32,7 +32,7 @@ from envace.rollout.engine import RolloutConfig
 from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import ModelPolicy, Policy
 from envace.tasks.model import Task
-from envace.train.engine import TorchEngine
+from envace.train.engine import TorchEngine, TrainingEngine
 from envace.train.rl import RLTrainer, RoleLearner
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
 from envace.train.tracking import MetricsLogger, plot_progress
@@ -250,8 +250,16 @@ def _simulator(cfg: Config, model: Any, tokenizer: Any) -> tuple[Policy | None, 
     return None, None
 
 
-def _engine(cfg: Config, model: Any) -> TorchEngine:
+def _engine(cfg: Config, model: Any) -> TrainingEngine:
     t = cfg.train
+    if t.engine == "deepspeed":
+        from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions
+
+        return DeepSpeedEngine(model, DeepSpeedOptions.from_config(cfg))
+    if cfg.model.gradient_checkpointing:
+        from envace.train.deepspeed_engine import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     steps = max(1, t.iterations * t.ppo_epochs)
     return TorchEngine(
         model, t.lr, t.weight_decay, t.grad_clip, t.lr_schedule, t.warmup_iterations, steps
@@ -259,7 +267,7 @@ def _engine(cfg: Config, model: Any) -> TorchEngine:
 
 
 def _save_rl_checkpoint(
-    paths: RunPaths, it: int, learners: Sequence[tuple[str, Any, TorchEngine]], tokenizer: Any
+    paths: RunPaths, it: int, learners: Sequence[tuple[str, Any, TrainingEngine]], tokenizer: Any
 ) -> str:
     import random as _random
 
@@ -344,7 +352,11 @@ def rl_stage(
         import random as _random
 
         state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+        from envace.train.deepspeed_engine import DeepSpeedEngine
+
         for name, _m, engine in engines:
+            if isinstance(engine, DeepSpeedEngine):  # its sharded state lives beside the weights
+                engine.load_checkpoint(resume_from / name)
             engine.load_state_dict(state["engines"][name])
         torch.set_rng_state(state["rng"]["torch"])
         _random.setstate(state["rng"]["python"])

@@ -9,7 +9,7 @@ from pipelines.components import DEFAULT_IMAGE
 __all__ = ["prepare"]
 
 
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)  # type: ignore[untyped-decorator]
 def prepare(config: str, store: str, store_endpoint: str) -> NamedTuple("PrepareOutputs", [("tasks_uri", str), ("checkpoint_uri", str)]):  # type: ignore[valid-type]  # fmt: skip
     """Generate (or copy) the task splits and build the initial model, under
     <store>/prepared/<config digest>/; outputs their URIs."""

@@ -8,7 +8,7 @@ from pipelines.components import DEFAULT_IMAGE
 __all__ = ["train"]
 
 
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)  # type: ignore[untyped-decorator]
 def train(
     config: str,
     store: str,

@@ -7,7 +7,7 @@ from pipelines.components import DEFAULT_IMAGE
 __all__ = ["warm_start"]
 
 
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)  # type: ignore[untyped-decorator]
 def warm_start(
     config: str,
     store: str,

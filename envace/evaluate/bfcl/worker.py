@@ -243,7 +243,6 @@ class Executor:
 
     def __init__(self, data: Dataset) -> None:
         self.data = data
-        self.live: dict[str, str] = {}  # episode tag -> entry id
 
     def call(self, episode: str, entry_id: str, name: Any, arguments: Any) -> dict[str, Any]:
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (
@@ -254,7 +253,6 @@ class Executor:
         text = _call_string(entry, {"name": name, "arguments": arguments})
         if text is None:
             return {"result": None, "refused": f"{name!r} is not a documented function here"}
-        self.live[episode] = entry_id
         results, _ = execute_multi_turn_func_call(
             func_call_list=[text],
             initial_config=entry["initial_config"],
@@ -277,7 +275,6 @@ class Executor:
         return state
 
     def end(self, episode: str) -> int:
-        self.live.pop(episode, None)
         return _drop_instances(_tag(episode))
 
 

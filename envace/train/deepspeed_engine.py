@@ -1,0 +1,501 @@
+"""DeepSpeed ZeRO-2/3 behind the trainer's `TrainingEngine` interface.
+
+The trainer calls `logprobs` and `backward` once per micro-batch and `step` once per optimizer
+step, with a number of micro-batches that changes every iteration (rows per rollout vary). So
+DeepSpeed runs with `managed_gradient_accumulation: false`: `backward` only accumulates and
+`step` is the accumulation boundary, whatever the count. The trainer already weights each
+micro-batch loss so the parts add up to the batch loss, hence `gradient_accumulation_steps` is 1
+and no loss is rescaled here.
+
+Data parallel contract: every rank calls `logprobs`/`backward` the same number of times between
+two `step`s (ZeRO-2/3 reduce gradients inside every backward, ZeRO-3 gathers weights inside
+every forward), and each rank's loss is the mean over its own rows. DeepSpeed averages the
+gradients over ranks, so with equal row counts per rank (`distributed.shard`) an N-rank step is
+the single-process step over all rows (tests/train/test_deepspeed.py checks the losses).
+
+What is built from `train.deepspeed_config` (a mapping of DeepSpeed JSON keys, plus three EnvACE
+keys, see `split_deepspeed_config`): ZeRO stage (default 2), bf16 (default: on with a GPU),
+optimizer offload, and everything else DeepSpeed reads. The optimizer (AdamW, no decay on norms
+and biases), lr schedule and gradient clipping come from `train.*`, exactly as in `TorchEngine`.
+
+Checkpoints: `save_model(dir)` writes Hugging Face weights gathered from the ZeRO-3 shards (LoRA
+merged in; rank 0 writes) plus DeepSpeed's own state under `dir/deepspeed/` (fp32 master weights,
+optimizer moments, scheduler; each rank writes its shard) so `load_checkpoint(dir)` resumes
+exactly. DeepSpeed is imported when an engine is built, never at module import.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from envace.errors import ConfigError
+from envace.train.batch import MicroBatch, token_logprobs
+from envace.train.distributed import (
+    DEFAULT_TIMEOUT_S,
+    DistInfo,
+    barrier,
+    init_process_group,
+)
+from envace.train.engine import lr_lambda
+
+if TYPE_CHECKING:
+    from envace.config import Config
+
+__all__ = [
+    "DeepSpeedEngine",
+    "DeepSpeedOptions",
+    "LoraOptions",
+    "build_ds_config",
+    "enable_activation_checkpointing",
+    "load_pretrained",
+    "merge_lora_state_dict",
+    "split_deepspeed_config",
+]
+
+log = logging.getLogger(__name__)
+
+# DeepSpeed keys the engine sets from train.* (or must set itself): where to configure them instead.
+_OWNED_KEYS = {
+    "optimizer": "train.lr and train.weight_decay (AdamW)",
+    "scheduler": "train.lr_schedule and train.warmup_iterations",
+    "gradient_clipping": "train.grad_clip",
+    "train_batch_size": "train.micro_batch_rows (the trainer forms the micro-batches)",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_rows",
+    "gradient_accumulation_steps": "nothing: the trainer accumulates every micro-batch of a step",
+    "managed_gradient_accumulation": "nothing: the engine needs it off (variable micro-batches)",
+}
+_ENVACE_KEYS = ("lora", "collective_timeout_s", "cpu_shm_comm")
+_CHECKPOINT_TAG = "state"
+_STATE_DIR = "deepspeed"
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """LoRA adapters (peft) on the named linear layers; only the adapters train."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+    @classmethod
+    def from_mapping(cls, raw: Any, where: str = "train.deepspeed_config.lora") -> LoraOptions:
+        if raw is True:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: expected a mapping (r, alpha, dropout, target_modules)")
+        unknown = sorted(set(raw) - {"r", "alpha", "dropout", "target_modules"})
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key {unknown[0]!r}; known: r, alpha, dropout, target_modules"
+            )
+        opts = cls(
+            r=int(raw.get("r", cls.r)),
+            alpha=float(raw.get("alpha", cls.alpha)),
+            dropout=float(raw.get("dropout", cls.dropout)),
+            target_modules=tuple(raw.get("target_modules", cls().target_modules)),
+        )
+        if opts.r < 1 or opts.alpha <= 0 or not 0 <= opts.dropout < 1 or not opts.target_modules:
+            raise ConfigError(
+                f"{where}: need r >= 1, alpha > 0, 0 <= dropout < 1 and at least one target "
+                f"module, got {raw!r}"
+            )
+        return opts
+
+
+@dataclass(frozen=True)
+class DeepSpeedOptions:
+    """Everything the engine needs; `from_config` maps the project config onto it."""
+
+    lr: float
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    schedule: str = "constant"
+    warmup: int = 0
+    total_steps: int = 1
+    # DeepSpeed JSON keys, merged over the engine's defaults (see build_ds_config).
+    ds_config: Mapping[str, Any] = field(default_factory=dict)
+    gradient_checkpointing: bool = False
+    lora: LoraOptions | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S  # every collective's deadline
+    # DeepSpeed's shared-memory all-reduce for CPU ranks: a C++ build of ~2 min on first use;
+    # gloo does the same job, and multi-process CPU training only happens in tests.
+    cpu_shm_comm: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> DeepSpeedOptions:
+        t = cfg.train
+        ds, lora, timeout_s, shm = split_deepspeed_config(t.deepspeed_config)
+        return cls(
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
+            schedule=t.lr_schedule,
+            warmup=t.warmup_iterations,
+            total_steps=max(1, t.iterations * t.ppo_epochs),
+            ds_config=ds,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            lora=lora,
+            timeout_s=timeout_s,
+            cpu_shm_comm=shm,
+        )
+
+    @property
+    def zero_stage(self) -> int:
+        return int(dict(self.ds_config.get("zero_optimization") or {}).get("stage", 2))
+
+
+def split_deepspeed_config(
+    raw: Mapping[str, Any],
+) -> tuple[dict[str, Any], LoraOptions | None, float, bool]:
+    """`train.deepspeed_config` -> (DeepSpeed keys, LoRA options, collective timeout, shm flag).
+
+    EnvACE's own keys: `lora` (mapping or true), `collective_timeout_s` (seconds, default 1800),
+    `cpu_shm_comm` (bool). Keys the engine derives from `train.*` are refused, naming the field
+    to set instead.
+    """
+    where = "train.deepspeed_config"
+    for key, instead in _OWNED_KEYS.items():
+        if key in raw:
+            raise ConfigError(f"{where}.{key}: set by the engine; configure {instead}")
+    ds = {k: copy.deepcopy(v) for k, v in raw.items() if k not in _ENVACE_KEYS}
+    lora = LoraOptions.from_mapping(raw["lora"]) if raw.get("lora") else None
+    timeout_s = float(raw.get("collective_timeout_s", DEFAULT_TIMEOUT_S))
+    if timeout_s <= 0:
+        raise ConfigError(f"{where}.collective_timeout_s: must be > 0 seconds, got {timeout_s}")
+    stage = dict(ds.get("zero_optimization") or {}).get("stage", 2)
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{where}.zero_optimization.stage: {stage!r} is not 0, 1, 2 or 3")
+    return ds, lora, timeout_s, bool(raw.get("cpu_shm_comm", False))
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def build_ds_config(options: DeepSpeedOptions, world_size: int, on_gpu: bool) -> dict[str, Any]:
+    """The DeepSpeed config: the engine's fixed keys, defaults, then the user's keys."""
+    defaults: dict[str, Any] = {
+        "zero_optimization": {"stage": 2},
+        "bf16": {"enabled": on_gpu},
+        "steps_per_print": 2**31 - 1,  # the trainer logs metrics; keep DeepSpeed quiet
+        "wall_clock_breakdown": False,
+    }
+    cfg = _deep_merge(defaults, options.ds_config)
+    cfg.update(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "train_batch_size": world_size,
+            "managed_gradient_accumulation": False,
+            "gradient_clipping": options.grad_clip,
+        }
+    )
+    return cfg
+
+
+def _offloads_optimizer(ds_config: Mapping[str, Any]) -> bool:
+    off = dict(ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return str(off.get("device", "none")) in ("cpu", "nvme")
+
+
+def merge_lora_state_dict(
+    state: Mapping[str, torch.Tensor], scaling: float, adapter: str = "default"
+) -> dict[str, torch.Tensor]:
+    """A peft LoRA model's state dict as the plain model's: W + scaling * B @ A per layer.
+
+    Keys lose peft's `base_model.model.` prefix and `.base_layer` infix; adapter keys go away.
+    """
+    prefix = "base_model.model."
+    sd = {k.removeprefix(prefix): v for k, v in state.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if ".lora_" in key:
+            continue
+        if key.endswith(".base_layer.weight"):
+            stem = key.removesuffix(".base_layer.weight")
+            a = sd[f"{stem}.lora_A.{adapter}.weight"].float()  # (r, in)
+            b = sd[f"{stem}.lora_B.{adapter}.weight"].float()  # (out, r)
+            out[f"{stem}.weight"] = (value.float() + scaling * (b @ a)).to(value.dtype)
+        else:
+            out[key.replace(".base_layer.", ".")] = value
+    return out
+
+
+def _init_distributed(options: DeepSpeedOptions) -> DistInfo:
+    import deepspeed
+    import deepspeed.ops
+
+    if not options.cpu_shm_comm and not torch.cuda.is_available():
+        # DeepSpeed reads this (probed once per process) before building the op.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    info = init_process_group(timeout_s=options.timeout_s)
+    deepspeed.init_distributed(
+        dist_backend=torch.distributed.get_backend(),
+        timeout=datetime.timedelta(seconds=options.timeout_s),
+        auto_mpi_discovery=False,
+    )
+    return info
+
+
+def load_pretrained(path: str | Path, options: DeepSpeedOptions, dtype: str = "float32") -> Any:
+    """Load a Hugging Face checkpoint for this engine.
+
+    Under ZeRO-3 every rank loads only its shard (transformers builds the model inside
+    `deepspeed.zero.Init` while an `HfDeepSpeedConfig` is alive), so an 8B model never sits
+    whole in each rank's memory.
+    """
+    from transformers import AutoModelForCausalLM
+
+    info = _init_distributed(options)
+    keep_alive = None
+    if options.zero_stage == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep_alive = HfDeepSpeedConfig(
+            build_ds_config(options, info.world_size, torch.cuda.is_available())
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    del keep_alive
+    return model
+
+
+class _LogprobModule(torch.nn.Module):
+    """The module DeepSpeed wraps: its forward is the chunked log-prob computation, so ZeRO-3's
+    gather/release hooks see one root forward per micro-batch."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+    ) -> torch.Tensor:
+        mb = MicroBatch(input_ids, attention_mask, response_mask, response_mask.new_zeros(0), [])
+        return token_logprobs(self.model, mb)
+
+
+def _param_shape(p: torch.nn.Parameter) -> torch.Size:
+    return getattr(p, "ds_shape", p.shape)  # ZeRO-3 partitions hold the full shape in ds_shape
+
+
+def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    params = [p for p in module.parameters() if p.requires_grad]
+    # No weight decay on norms and biases, as in TorchEngine.
+    decay = [p for p in params if len(_param_shape(p)) >= 2]
+    no_decay = [p for p in params if len(_param_shape(p)) < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Per-layer activation checkpointing (non-reentrant, so frozen inputs under LoRA work)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _apply_lora(model: Any, lora: LoraOptions) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing`; not ours to fix.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        return get_peft_model(model, cfg)
+
+
+class DeepSpeedEngine:
+    """`TrainingEngine` over DeepSpeed ZeRO. Build one per process, on every rank."""
+
+    def __init__(self, model: Any, options: DeepSpeedOptions) -> None:
+        import deepspeed
+
+        self.options = options
+        # DeepSpeed's ZeRO calls these torch.distributed aliases; not ours to fix, and repeated
+        # at every collective they would bury the training log.
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`",
+            category=FutureWarning,
+        )
+        self.info = _init_distributed(options)
+        on_gpu = torch.cuda.is_available()
+        self.ds_config = build_ds_config(options, self.info.world_size, on_gpu)
+        if options.gradient_checkpointing:
+            enable_activation_checkpointing(model)
+        if options.lora is not None:
+            model = _apply_lora(model, options.lora)
+        self.model = model  # generation uses this (under ZeRO-3 its forward is collective)
+        self._wrapper = _LogprobModule(model)
+        self.ds, *_ = deepspeed.initialize(
+            model=self._wrapper,
+            optimizer=self._optimizer(),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
+                opt, lr_lambda(options.schedule, options.warmup, options.total_steps)
+            ),
+            config=self.ds_config,
+            dist_init_required=False,
+        )
+        self.steps = 0
+        log.info(
+            "DeepSpeed engine: ZeRO-%d, %d rank(s), bf16 %s, offload %s, lora %s",
+            self.zero_stage,
+            self.info.world_size,
+            self.ds_config["bf16"].get("enabled"),
+            _offloads_optimizer(self.ds_config),
+            options.lora is not None,
+        )
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        groups = _param_groups(self._wrapper, self.options.weight_decay)
+        if _offloads_optimizer(self.ds_config) and self.ds_config.get(
+            "zero_force_ds_cpu_optimizer", True
+        ):
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            # DeepSpeed's C++ Adam (built on first use): the fast optimizer for offloaded state.
+            opt: torch.optim.Optimizer = DeepSpeedCPUAdam(
+                groups, lr=self.options.lr, betas=(0.9, 0.999), adamw_mode=True
+            )
+            return opt
+        return torch.optim.AdamW(groups, lr=self.options.lr, betas=(0.9, 0.999))
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.ds.zero_optimization_stage())
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.ds.device)
+
+    @property
+    def lr(self) -> float:
+        return float(self.ds.get_lr()[0])
+
+    # --- the TrainingEngine interface -------------------------------------------------------
+    def logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """(B, T) log-probs of the response tokens. Moves `mb`'s tensors to the engine's device
+        (in place), so the loss terms the trainer builds from `mb` live there too."""
+        dev = self.device
+        mb.input_ids = mb.input_ids.to(dev)
+        mb.attention_mask = mb.attention_mask.to(dev)
+        mb.response_mask = mb.response_mask.to(dev)
+        mb.advantages = mb.advantages.to(dev)
+        self.ds.train()
+        out: torch.Tensor = self.ds(mb.input_ids, mb.attention_mask, mb.response_mask)
+        return out
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        """Reduce, clip, apply and zero the gradients of this step; the pre-clip grad norm."""
+        self.ds.step()
+        self.steps += 1
+        norm = self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters only: optimizer and master weights are sharded across ranks and are saved
+        by `save_model` under `<dir>/deepspeed/` (restore them with `load_checkpoint`)."""
+        return {
+            "steps": self.steps,
+            "zero_stage": self.zero_stage,
+            "world_size": self.info.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+
+    def save_model(self, out_dir: Path, tokenizer: Any) -> None:
+        """Collective: Hugging Face weights + tokenizer (rank 0) and DeepSpeed state (all)."""
+        out_dir = Path(out_dir)
+        sd = self.full_state_dict()
+        if self.info.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self._hf_model().save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
+            tokenizer.save_pretrained(out_dir)
+        self.ds.save_checkpoint(
+            str(out_dir / _STATE_DIR),
+            tag=_CHECKPOINT_TAG,
+            client_state={"envace": self.state_dict()},
+        )
+        barrier(f"save {out_dir}", self.options.timeout_s)
+
+    def load_checkpoint(self, ckpt_dir: Path) -> None:
+        """Collective: restore weights, optimizer and scheduler saved by `save_model`."""
+        state_dir = Path(ckpt_dir) / _STATE_DIR
+        if not (state_dir / _CHECKPOINT_TAG).is_dir():
+            raise FileNotFoundError(
+                f"{state_dir}: no DeepSpeed state (tag {_CHECKPOINT_TAG!r}); was the checkpoint "
+                "written by the DeepSpeed engine? A torch-engine checkpoint resumes with "
+                "train.engine: torch"
+            )
+        path, client = self.ds.load_checkpoint(
+            str(state_dir), tag=_CHECKPOINT_TAG, load_optimizer_states=True
+        )
+        if path is None:
+            raise RuntimeError(f"{state_dir}: DeepSpeed could not load the checkpoint")
+        saved = dict(client or {}).get("envace", {})
+        if saved.get("world_size", self.info.world_size) != self.info.world_size:
+            raise RuntimeError(
+                f"{state_dir}: saved by {saved['world_size']} ranks, resuming with "
+                f"{self.info.world_size}; ZeRO shards need the same number of processes"
+            )
+        self.load_state_dict(saved or {"steps": 0})
+
+    # --- weights ----------------------------------------------------------------------------
+    def _hf_model(self) -> Any:
+        return self.model.get_base_model() if self.options.lora is not None else self.model
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the whole model's weights with Hugging Face names (LoRA merged), on
+        rank 0; None on the others. Under ZeRO-3 gathered layer by layer."""
+        if self.zero_stage == 3:
+            raw = self.ds._zero3_consolidated_16bit_state_dict()
+        else:
+            raw = self._wrapper.state_dict() if self.info.is_main else None
+        if raw is None:
+            return None
+        sd = {k.removeprefix("model."): v.detach().cpu() for k, v in raw.items()}
+        if self.options.lora is not None:
+            sd = merge_lora_state_dict(sd, self.options.lora.scaling)
+        return sd

@@ -1,0 +1,61 @@
+"""The whole pipeline under KFP's local runner (every component a subprocess of this Python), with
+the S3 test server as the store: every artifact committed with a verifying manifest, and the
+evaluation's metrics and report out as KFP outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envace.cli import main
+from envace.storage.artifacts import open_store, verify
+from envace.storage.manifest import MANIFEST_NAME
+
+
+def _committed(store_uri: str) -> set[str]:
+    """Folders (relative to the store root) that hold a manifest."""
+    store, prefix = open_store(store_uri)
+    return {
+        o.key[len(prefix) + 1 : -len(MANIFEST_NAME) - 1]
+        for o in store.list(prefix)
+        if o.key.endswith("/" + MANIFEST_NAME)
+    }
+
+
+@pytest.mark.slow
+def test_run_local_runs_every_step_against_the_s3_store(
+    s3_store: str, micro: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "kfp"
+    argv = ["pipeline", "run-local", "--store", s3_store, "--rounds", "1"]
+    argv += ["--pipeline-root", str(root), *[a for kv in micro for a in ("--set", kv)]]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    committed = _committed(s3_store)
+    (digest,) = {c.split("/")[1] for c in committed if c.startswith("prepared/")}
+    (run_id,) = {c.split("/")[0] for c in committed if not c.startswith("prepared/")}
+    assert committed == {
+        f"prepared/{digest}/tasks",
+        f"prepared/{digest}/init",
+        f"{run_id}/checkpoints/warm_start",
+        f"{run_id}/rollouts/iter_000001",
+        f"{run_id}/checkpoints/rl/iter_000001",
+        f"{run_id}/evaluation",
+    }
+    for folder in committed:
+        manifest = verify(f"{s3_store}/{folder}", deep=True)
+        assert manifest.files, folder
+    # KFP's own outputs: the evaluate step's Metrics and Markdown report
+    (evaluate,) = root.glob("envace-*/evaluate/executor_output.json")
+    artifacts = json.loads(evaluate.read_text())["artifacts"]
+    metrics = artifacts["metrics"]["artifacts"][0]["metadata"]
+    assert metrics["n_tasks"] == 2.0 and 0.0 <= metrics["success_rate"] <= 1.0
+    report = Path(artifacts["report"]["artifacts"][0]["uri"]).read_text()
+    assert report.startswith("# EnvACE evaluation") and f"{run_id}/checkpoints/rl" in report
+    (train,) = root.glob("envace-*/train/executor_output.json")
+    train_metrics = json.loads(train.read_text())["artifacts"]["metrics"]["artifacts"][0]
+    assert "policy/loss" in train_metrics["metadata"]
+    assert "success_rate" in printed
+    assert f"final checkpoint: {s3_store}/{run_id}/checkpoints/rl/iter_000001" in printed

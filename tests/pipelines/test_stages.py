@@ -1,0 +1,267 @@
+"""envace.stages: the stage functions the pipeline components call, on a local store.
+
+The central check: two pipeline train steps, each rebuilding the trainer from the checkpoint the
+step before committed, give bit-identical weights and the same metrics as two PPO updates in one
+process (optimizer state, lr schedule and weights survive the store).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from envace import stages
+from envace.config import Config, load_config
+from envace.errors import ConfigError, UserInputError
+from envace.policy.chat import ChatRenderer
+from envace.policy.hf_backend import load_model_and_tokenizer
+from envace.rollout.grading import TaskGrader
+from envace.rollout.io import write_rows
+from envace.rollout.types import Role, Row
+from envace.storage.artifacts import commit_dir, verify
+from envace.train.engine import TorchEngine
+from envace.train.rl import RLTrainer, RoleLearner
+from envace.train.run import model_policy
+
+
+def test_layout_names_every_artifact_of_a_run() -> None:
+    layout = stages.RunLayout("minio://envace/runs", "3f2a")
+    assert layout.run_uri == "minio://envace/runs/3f2a"
+    assert layout.warm_start == "minio://envace/runs/3f2a/checkpoints/warm_start"
+    assert layout.rollout(0) == "minio://envace/runs/3f2a/rollouts/iter_000001"
+    assert layout.checkpoint(1) == "minio://envace/runs/3f2a/checkpoints/rl/iter_000002"
+    assert layout.evaluation == "minio://envace/runs/3f2a/evaluation"
+    for bad in ("", "a/b", ".."):
+        with pytest.raises(UserInputError, match="one non-empty path segment"):
+            stages.RunLayout("minio://envace/runs", bad)
+
+
+def test_config_travels_as_one_line_of_json(micro_cfg: Config) -> None:
+    text = stages.config_json(micro_cfg)
+    assert "\n" not in text
+    assert stages.config_from_text(text).to_dict() == micro_cfg.to_dict()
+    assert stages.config_from_text("train:\n  lr: 2.0e-5\n").train.lr == 2e-5
+    assert stages.config_from_text("").to_dict() == load_config(None).to_dict()
+    with pytest.raises(ConfigError, match=r"train\.lr"):
+        stages.config_from_text('{"train": {"lr": -1}}')
+    with pytest.raises(ConfigError, match="mapping"):
+        stages.config_from_text("[1, 2]")
+    with pytest.raises(ConfigError, match="neither JSON nor YAML"):
+        stages.config_from_text("train: [")
+
+
+def test_config_digest_follows_every_value(micro_cfg: Config) -> None:
+    other = load_config(None, ["model.preset=test-micro"])
+    assert stages.config_digest(micro_cfg) == stages.config_digest(copy.deepcopy(micro_cfg))
+    assert stages.config_digest(micro_cfg) != stages.config_digest(other)
+    assert len(stages.config_digest(micro_cfg)) == 16
+
+
+def test_setup_points_the_store_client_at_the_endpoint(
+    micro_cfg: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ENVACE_S3_ENDPOINT", raising=False)
+    cfg = stages.setup(stages.config_json(micro_cfg), "http://envace-minio:9000")
+    assert cfg.to_dict() == micro_cfg.to_dict()
+    assert os.environ["ENVACE_S3_ENDPOINT"] == "http://envace-minio:9000"
+
+
+def test_kfp_metrics_get_the_finite_numbers(tmp_path: Path) -> None:
+    from kfp.dsl import Metrics
+
+    artifact = Metrics(name="metrics", uri=str(tmp_path / "m"))
+    values = {"a": 1, "b": 0.5, "none": None, "flag": True, "nan": float("nan"), "s": "x"}
+    assert stages.log_kfp_metrics(artifact, values) == {"a": 1.0, "b": 0.5}
+    assert artifact.metadata == {"a": 1.0, "b": 0.5}
+
+
+@pytest.fixture(scope="module")
+def prepared(
+    tmp_path_factory: pytest.TempPathFactory, micro: list[str]
+) -> tuple[Config, str, stages.Prepared]:
+    store = str(tmp_path_factory.mktemp("store"))
+    cfg = load_config(None, [*micro, "warm_start.enabled=false", "train.iterations=2"])
+    return cfg, store, stages.prepare(cfg, store)
+
+
+def test_prepare_commits_tasks_and_initial_model_and_reuses_them(
+    prepared: tuple[Config, str, stages.Prepared],
+) -> None:
+    cfg, store, first = prepared
+    root = stages.prepared_uri(store, cfg)
+    assert first == stages.Prepared(f"{root}/tasks", f"{root}/init")
+    names = {e.path for e in verify(first.tasks_uri, deep=True).files}
+    assert names == {"train.jsonl", "test.jsonl", "gold_train.jsonl"}
+    assert "model.safetensors" in {e.path for e in verify(first.checkpoint_uri, deep=True).files}
+    manifest = Path(first.checkpoint_uri) / "MANIFEST.json"
+    before = manifest.stat().st_mtime_ns
+    assert stages.prepare(cfg, store) == first
+    assert manifest.stat().st_mtime_ns == before  # reused, not re-committed
+
+
+def test_prepare_keeps_a_configured_model_path(tmp_path: Path, micro: list[str]) -> None:
+    cfg = load_config(None, [*micro, "model.path=Qwen/Qwen3-8B"])
+    result = stages.prepare(cfg, str(tmp_path))
+    assert result.checkpoint_uri == "Qwen/Qwen3-8B"
+    verify(result.tasks_uri)
+
+
+def test_warm_start_disabled_passes_the_checkpoint_through(
+    prepared: tuple[Config, str, stages.Prepared],
+) -> None:
+    cfg, store, p = prepared
+    out = stages.RunLayout(store, "ws").warm_start
+    assert stages.warm_start(cfg, p.checkpoint_uri, p.tasks_uri, out) == p.checkpoint_uri
+    assert not Path(out).exists()
+
+
+def _rows(tokenizer: Any) -> list[Row]:
+    """Rows with non-zero advantages, so each update moves the weights and the Adam moments."""
+    renderer = ChatRenderer(tokenizer)
+    out = []
+    for i, (prompt, response) in enumerate(
+        [("Move 50 to ACC-2", "<tool_call>"), ("balance?", "It is 120."), ("hi", "Hello")]
+    ):
+        role = Role.CALLER if i % 2 == 0 else Role.SIMULATOR
+        ids = renderer.encode(response)
+        out.append(
+            Row(
+                role, f"t{i}", f"t{i}#0", 0, 0, renderer.encode(prompt), ids,
+                [0.0] * len(ids), "stop", True, True, response, 1.0, [1.0, -0.5, 0.25][i],
+            )
+        )  # fmt: skip
+    return out
+
+
+def _store_rows(rows: list[Row], checkpoint_uri: str, uri: str, scratch: Path) -> str:
+    """Rows committed as the rollout step would (rows + rollout.json naming their policy)."""
+    write_rows(rows, scratch)
+    (scratch / stages.ROLLOUT_META).write_text(json.dumps({"checkpoint": checkpoint_uri}))
+    commit_dir(scratch, uri)
+    return uri
+
+
+def _in_process_updates(cfg: Config, init: str, rows: list[Row], n: int) -> tuple[Any, list[Any]]:
+    model, tokenizer = load_model_and_tokenizer(init)
+    t = cfg.train
+    engine = TorchEngine(model, t.lr, t.weight_decay, t.grad_clip, t.lr_schedule, 0, n)
+    learner = RoleLearner(
+        engine, frozenset({"caller", "simulator"}), ChatRenderer(tokenizer).pad_id
+    )
+    trainer = RLTrainer(cfg, [], model_policy(model, tokenizer, cfg), [learner], TaskGrader())
+    return model, [trainer.update(rows) for _ in range(n)]
+
+
+@pytest.mark.slow
+def test_train_steps_through_the_store_equal_updates_in_one_process(
+    prepared: tuple[Config, str, stages.Prepared], tmp_path: Path, micro: list[str]
+) -> None:
+    _cfg, store, p = prepared
+    cfg = load_config(None, [*micro, "train.lr_schedule=cosine", "train.lr=1e-2"])
+    layout = stages.RunLayout(store, "invariance")
+    _model, tokenizer = load_model_and_tokenizer(p.checkpoint_uri)
+    rows = _rows(tokenizer)
+    checkpoint, results = p.checkpoint_uri, []
+    for it in range(2):
+        rows_uri = _store_rows(rows, checkpoint, layout.rollout(it), tmp_path / f"rows{it}")
+        trained = stages.train(cfg, checkpoint, rows_uri, layout.checkpoint(it), total_iterations=2)
+        results.append(trained.metrics)
+        checkpoint = trained.uri
+    expected_model, expected = _in_process_updates(cfg, p.checkpoint_uri, rows, 2)
+    assert results == expected
+    assert results[0]["policy/grad_norm"] > 0 and results[0] != results[1]
+    stored, _ = load_model_and_tokenizer(Path(checkpoint) / "policy")
+    for (name, want), got in zip(
+        expected_model.state_dict().items(), stored.state_dict().values(), strict=True
+    ):
+        assert torch.equal(want, got), name
+    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
+    assert state["iteration"] == 2 and state["engines"]["policy"]["steps"] == 2
+    meta = json.loads((Path(checkpoint) / stages.CHECKPOINT_META).read_text())
+    assert meta == {"iteration": 2, "rl_start": p.checkpoint_uri, "rows": layout.rollout(1)}
+
+
+def test_train_refuses_rows_another_policy_sampled(
+    prepared: tuple[Config, str, stages.Prepared], tmp_path: Path
+) -> None:
+    cfg, store, p = prepared
+    layout = stages.RunLayout(store, "wiring")
+    _model, tokenizer = load_model_and_tokenizer(p.checkpoint_uri)
+    rows_uri = _store_rows(_rows(tokenizer), "/elsewhere/ckpt", layout.rollout(0), tmp_path)
+    with pytest.raises(stages.StageError, match="PPO must update the policy that sampled"):
+        stages.train(cfg, p.checkpoint_uri, rows_uri, layout.checkpoint(0))
+
+
+def test_rollout_refuses_a_checkpoint_of_another_round(
+    prepared: tuple[Config, str, stages.Prepared],
+) -> None:
+    cfg, store, p = prepared
+    with pytest.raises(stages.StageError, match="trained for 0 iteration"):
+        stages.rollout(cfg, p.checkpoint_uri, p.tasks_uri, 3, f"{store}/r/rollouts/x")
+
+
+def test_rollout_writes_rows_with_advantages_and_metrics(
+    prepared: tuple[Config, str, stages.Prepared],
+) -> None:
+    from envace.rollout.io import read_rows
+
+    cfg, store, p = prepared
+    out = stages.RunLayout(store, "ro").rollout(0)
+    result = stages.rollout(cfg, p.checkpoint_uri, p.tasks_uri, 0, out)
+    assert result.uri == out
+    verify(out, deep=True)
+    rows = read_rows(Path(out))
+    assert len(rows) == result.metrics["rows/caller"] + result.metrics["rows/simulator"] > 0
+    assert all(r.advantage is not None for r in rows)
+    meta = json.loads((Path(out) / stages.ROLLOUT_META).read_text())
+    assert meta["checkpoint"] == p.checkpoint_uri and meta["iteration"] == 0
+    assert meta["metrics"]["iteration"] == 1
+
+
+def test_train_engine_without_an_implementation_is_a_config_error(
+    prepared: tuple[Config, str, stages.Prepared], tmp_path: Path, micro: list[str]
+) -> None:
+    _cfg, store, p = prepared
+    cfg = load_config(None, [*micro, "train.engine=deepspeed"])
+    layout = stages.RunLayout(store, "engine")
+    _model, tokenizer = load_model_and_tokenizer(p.checkpoint_uri)
+    rows_uri = _store_rows(_rows(tokenizer), p.checkpoint_uri, layout.rollout(0), tmp_path)
+    with pytest.raises(ConfigError, match=r"train\.engine: 'deepspeed' is not available"):
+        stages.train(cfg, p.checkpoint_uri, rows_uri, layout.checkpoint(0))
+
+
+def test_torch_engine_refuses_a_multi_process_world(
+    prepared: tuple[Config, str, stages.Prepared], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, store, p = prepared
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="WORLD_SIZE=4"):
+        stages.train(cfg, p.checkpoint_uri, f"{store}/none", f"{store}/out")
+
+
+@pytest.mark.slow
+def test_evaluate_commits_metrics_report_and_trajectories(
+    prepared: tuple[Config, str, stages.Prepared],
+) -> None:
+    cfg, store, p = prepared
+    out = stages.RunLayout(store, "ev").evaluation
+    result = stages.evaluate(cfg, p.checkpoint_uri, p.tasks_uri, out)
+    assert {e.path for e in verify(out, deep=True).files} == {
+        "metrics.json",
+        "report.md",
+        "trajectories.jsonl",
+    }
+    stored = json.loads((Path(out) / "metrics.json").read_text())
+    assert stored["n_tasks"] == result.metrics["n_tasks"] == 2
+    assert 0.0 <= stored["success_rate"] <= 1.0
+    assert stored["checkpoint"] == p.checkpoint_uri
+    assert result.report == (Path(out) / "report.md").read_text()
+    assert result.report.startswith("# EnvACE evaluation")
+    assert "| success_rate |" in result.report and p.checkpoint_uri in result.report
+    assert len((Path(out) / "trajectories.jsonl").read_text().splitlines()) == 2

