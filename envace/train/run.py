@@ -475,7 +475,7 @@ def run_main(
     final = paths.checkpoints / "final"
     TorchEngine(model, 1.0).save_model(final, tokenizer)
     paths.commit(final)
-    summary = {
+    summary: dict[str, Any] = {
         "stages": {k: v for k, v in stages.items() if k in STAGE_NAMES},
         "warm_start_training": stages.get("warm_start_training"),
         "wall_seconds": time.perf_counter() - t0,
