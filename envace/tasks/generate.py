@@ -59,13 +59,28 @@ def split_of(value: str | int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Value pools. Each is split by `split_of`; the same value lands in the same split in every pool.
 
-_CUSTOMERS = (
+
+def _syllable_words(count: int, capitalize: bool) -> tuple[str, ...]:
+    """`count` distinct two-syllable words ("kavo", "Rimu", ...), in a fixed order.
+
+    Entity pools are large on purpose: with thousands of names, each used by a task or two, a
+    model cannot memorise the training names and has to learn to copy them from the context,
+    which is what carries over to held-out tasks whose names it has never seen.
+    """
+    words = [a + b for a in _SYLLABLES for b in _SYLLABLES]
+    picked = words[:: max(1, len(words) // count)][:count]
+    return tuple(w.capitalize() if capitalize else w for w in picked)
+
+
+_SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
+_CUSTOMERS = tuple(dict.fromkeys((  # dict.fromkeys: drop repeats, keep the order
     "Alice", "Bruno", "Carla", "Dmitri", "Elena", "Farah", "Gustav", "Hana", "Ivan", "Jonas",
     "Keiko", "Liam", "Mona", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Samir", "Tara",
     "Umar", "Vera", "Wes", "Xena", "Yuri", "Zoe", "Aaron", "Bella", "Cyrus", "Dana",
     "Emil", "Fiona", "Greta", "Hugo", "Ines", "Jakob", "Kara", "Leon", "Maya", "Nico",
     "Olga", "Pablo", "Rita", "Sven", "Tomas", "Ulla", "Victor", "Wanda", "Yara", "Zane",
-)  # fmt: skip
+    *_syllable_words(2000, capitalize=True),
+)))  # fmt: skip
 _ADJECTIVES = (
     "red",
     "blue",
@@ -78,18 +93,23 @@ _ADJECTIVES = (
     "wooden",
     "glass",
 )
-_NOUNS = ("mug", "lamp", "chair", "desk", "kettle", "bowl", "plate", "shelf", "clock", "fan", "rug")
+_NOUNS = (
+    "mug", "lamp", "chair", "desk", "kettle", "bowl", "plate", "shelf", "clock", "fan", "rug",
+    *_syllable_words(200, capitalize=False),
+)  # fmt: skip
 _ITEMS = tuple(f"{adj} {noun}" for adj in _ADJECTIVES for noun in _NOUNS)
 _STEMS = (
     "report", "budget", "notes", "outline", "draft", "invoice", "letter", "plan", "summary", "agenda",
     "minutes", "recipe", "poem", "log", "memo", "list", "schedule", "contract", "receipt", "resume",
     "story", "diary", "ideas", "goals", "chores", "menu", "quotes", "readme", "changes", "tasks",
+    *_syllable_words(300, capitalize=False),
 )  # fmt: skip
 _FILE_NAMES = tuple(f"{stem}.{ext}" for stem in _STEMS for ext in ("txt", "md"))
 _FOLDERS = (
     "inbox", "archive", "docs", "work", "home", "backup", "drafts", "old", "shared", "projects",
     "music", "photos", "misc", "trash", "temp", "reports", "mail", "school", "travel", "bills",
     "games", "books", "taxes", "clients",
+    *_syllable_words(300, capitalize=False),
 )  # fmt: skip
 _VERBS = ("buy", "call", "fix", "send", "read", "pay", "clean", "book", "check", "plan")
 _OBJECTS = ("milk", "rent", "car", "tickets", "email", "bills", "garden", "room", "notes", "trip")
