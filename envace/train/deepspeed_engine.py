@@ -83,7 +83,7 @@ class LoraOptions:
     """LoRA adapters (peft) on the named linear layers; only the adapters train."""
 
     r: int = 16
-    alpha: float = 32.0
+    alpha: int = 32
     dropout: float = 0.0
     target_modules: tuple[str, ...] = (
         "q_proj",
@@ -112,7 +112,7 @@ class LoraOptions:
             )
         opts = cls(
             r=int(raw.get("r", cls.r)),
-            alpha=float(raw.get("alpha", cls.alpha)),
+            alpha=int(raw.get("alpha", cls.alpha)),
             dropout=float(raw.get("dropout", cls.dropout)),
             target_modules=tuple(raw.get("target_modules", cls().target_modules)),
         )
@@ -287,7 +287,7 @@ def load_pretrained(path: str | Path, options: DeepSpeedOptions, dtype: str = "f
     return model
 
 
-class _LogprobModule(torch.nn.Module):
+class _LogprobModule(torch.nn.Module):  # type: ignore[misc]  # torch is untyped here
     """The module DeepSpeed wraps: its forward is the chunked log-prob computation, so ZeRO-3's
     gather/release hooks see one root forward per micro-batch."""
 
@@ -338,7 +338,9 @@ def _apply_lora(model: Any, lora: LoraOptions) -> Any:
     )
     with warnings.catch_warnings():
         # peft reads transformers' deprecated `is_gradient_checkpointing`; not ours to fix.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
+        )
         return get_peft_model(model, cfg)
 
 

@@ -91,8 +91,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
 
 def dist_info(env: Mapping[str, str] | None = None) -> DistInfo:
     """This process's rank and world size: from an initialised process group, else from env."""
+    e: Mapping[str, str] = os.environ if env is None else env
     if env is None and dist.is_available() and dist.is_initialized():
-        e = os.environ
         return DistInfo(
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
@@ -101,7 +101,6 @@ def dist_info(env: Mapping[str, str] | None = None) -> DistInfo:
             master_addr=e.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_env_int(e, "MASTER_PORT", 0) or None,
         )
-    e = os.environ if env is None else env
     world = _env_int(e, "WORLD_SIZE", 1)
     rank = _env_int(e, "RANK", 0)
     if not 0 <= rank < world:
@@ -199,7 +198,7 @@ def all_reduce_mean(value: float) -> float:
     )
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t.item()) / dist.get_world_size()
+    return float(t.item() / dist.get_world_size())
 
 
 def shard(items: Sequence[Any], rank: int, world_size: int) -> list[Any]:

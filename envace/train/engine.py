@@ -85,7 +85,7 @@ class TorchEngine:
 
     def logprobs(self, mb: MicroBatch) -> torch.Tensor:
         self.model.train()
-        return token_logprobs(self.model, mb)
+        return token_logprobs(self.model, mb.to(self.model.device))
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

