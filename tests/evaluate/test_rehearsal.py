@@ -219,6 +219,7 @@ def test_digest_is_cut_to_the_token_budget(tasks: list[Task], tiny_tokenizer: An
     assert all(r.attempt_tokens > 0 for r in outcome.tasks.values())
 
 
+@pytest.mark.slow
 def test_model_policy_writes_bounded_notes_and_counts_every_token(
     tasks: list[Task], tiny_tokenizer: Any, micro_model: Any
 ) -> None:
