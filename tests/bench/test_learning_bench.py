@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.test_run import MICRO
+from tests.helpers.micro import MICRO
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 from envace.cli import main
 from envace.storage.artifacts import verify
 from envace.storage.checkpoints import latest_complete
-from tests.train.test_run import MICRO
+from tests.helpers.micro import MICRO
 
 
 def _args(out: Path, store: str, iterations: int) -> list[str]:

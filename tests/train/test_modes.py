@@ -10,8 +10,7 @@ import pytest
 from envace.config import load_config
 from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks, rl_stage
 from envace.train.tracking import MetricsLogger
-
-from .test_run import MICRO
+from tests.helpers.micro import MICRO
 
 
 @pytest.fixture(scope="module")
