@@ -78,7 +78,7 @@ def run_seed(base: Config, seed: int, out: Path, modes: list[str]) -> dict[str, 
 
 def table(all_results: list[dict[str, dict[str, Any]]], modes: list[str]) -> str:
     lines = [
-        "| mode | " + " | ".join(METRICS) + " | RL wall s |",
+        "| mode | " + " | ".join(METRICS) + " | mode wall s (RL + eval) |",
         "|---|" + "---|" * (len(METRICS) + 1),
     ]
     for mode in modes:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(results, args.modes, png)
     cmd = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
     section = (
-        f"\n### Learning benchmark — {dt.date.today().isoformat()}, {args.label}\n\n"
+        f"\n## Learning benchmark — {dt.date.today().isoformat()}, {args.label}\n\n"
         f"Command: `{cmd}` (config `{args.config}`, seeds {args.seeds}); machine: "
         f"{platform.machine()}, {platform.python_version()}.\n\n{md}\n\n![learning]({png.relative_to(args.doc.parent)})\n"
     )
