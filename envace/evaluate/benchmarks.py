@@ -35,12 +35,13 @@ from envace.evaluate.rehearsal import (
     rehearsal_gain,
     rehearse,
 )
-from envace.evaluate.report import atomic_write_text, trajectory_record
+from envace.evaluate.report import trajectory_record
 from envace.evaluate.runner import EvalResult, evaluate_policy
 from envace.report import fmt, markdown_table
 from envace.rollout.engine import RolloutConfig
 from envace.rollout.policies import Policy
 from envace.rollout.types import Trajectory
+from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
 
 __all__ = [

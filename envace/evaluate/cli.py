@@ -178,7 +178,8 @@ def _run(args: argparse.Namespace) -> int:
 def _run_synthetic(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
     from envace.errors import UserInputError
     from envace.evaluate.benchmarks import run_synthetic, synthetic_report
-    from envace.evaluate.report import atomic_write_text, print_and_write, trajectory_record
+    from envace.evaluate.report import print_and_write, trajectory_record
+    from envace.tasks.io import atomic_write_text
     from envace.tasks.loader import load_tasks
 
     loaded = load_tasks(args.tasks, skip_invalid=args.skip_invalid)
@@ -209,7 +210,7 @@ def _run_bfcl(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
     from envace.evaluate.benchmarks import bfcl_episode_record, bfcl_report, run_bfcl_benchmark
     from envace.evaluate.bfcl.adapter import load_bfcl_tasks, parse_categories
     from envace.evaluate.bfcl.client import BfclWorker
-    from envace.evaluate.report import atomic_write_text
+    from envace.tasks.io import atomic_write_text
 
     categories = parse_categories(args.benchmark.split(":", 1)[1])
     policy = _policy(args.policy, "bfcl", args.seed)

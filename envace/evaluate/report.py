@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,8 +10,9 @@ from typing import Any
 from envace.evaluate.runner import EvalResult
 from envace.report import text_table
 from envace.rollout.types import Trajectory
+from envace.tasks.io import atomic_write_text
 
-__all__ = ["atomic_write_text", "metrics_table", "print_and_write", "trajectory_record"]
+__all__ = ["metrics_table", "print_and_write", "trajectory_record"]
 
 _SHOWN = (
     "n_tasks",
@@ -26,19 +25,6 @@ _SHOWN = (
     "error_flag_recall",
     "format_error_rate",
 )
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file + rename: a crash never leaves a half-written file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def trajectory_record(t: Trajectory) -> dict[str, Any]:

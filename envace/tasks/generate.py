@@ -20,9 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import random
-import tempfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from typing import Any
 
 from envace.envs import files_state, first_mismatch, is_error_result, make_environment
 from envace.errors import EnvaceError, UserInputError
+from envace.tasks.io import atomic_write_text
 
 __all__ = [
     "SPLITS",
@@ -787,20 +786,8 @@ def generate_splits(n_train: int, n_test: int, seed: int) -> Splits:
 
 
 def _write_jsonl(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
-    """Write JSON Lines atomically: a temporary file in the same folder, then `os.replace`."""
     text = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.chmod(0o644)  # mkstemp makes the file 0600; data files are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 def write_splits(out_dir: Path, n_train: int, n_test: int, seed: int) -> dict[str, Path]:

@@ -18,7 +18,7 @@ from typing import Any, cast
 from envace.errors import UserInputError
 from envace.tasks.model import ChecklistItem, EnvironmentSpec, ExpectedCall, FocusOn, Task, Turn
 
-__all__ = ["task_from_dict", "task_to_dict", "write_tasks_jsonl"]
+__all__ = ["atomic_write_text", "task_from_dict", "task_to_dict", "write_tasks_jsonl"]
 
 
 def task_from_dict(data: Mapping[str, Any]) -> Task:
@@ -150,12 +150,14 @@ def write_tasks_jsonl(path: str | os.PathLike[str], tasks: Iterable[Task]) -> in
             )
         first_index[task.id] = index
         lines.append(_task_line(task))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(target, "".join(line + "\n" for line in lines))
+    atomic_write_text(target, "".join(line + "\n" for line in lines))
     return len(lines)
 
 
-def _atomic_write_text(target: Path, text: str) -> None:
+def atomic_write_text(target: Path, text: str) -> None:
+    """Write via a temp file in the same folder + `os.replace`: a crash never leaves a
+    half-written file, and a file already there stays intact until the new one is complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     tmp = Path(tmp_name)
     try:

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from envace.config import Config
-from envace.evaluate.report import atomic_write_text
 from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
 from envace.policy.chat import ChatRenderer
 from envace.policy.hf_backend import TransformersBackend
@@ -31,6 +30,7 @@ from envace.report import text_table
 from envace.rollout.engine import RolloutConfig
 from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import ModelPolicy, Policy
+from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
 from envace.train.engine import TorchEngine, TrainingEngine
 from envace.train.rl import RLTrainer, RoleLearner

@@ -6,16 +6,12 @@ run here; the client, its HTTP stack, retries, timeouts and concurrency limit ar
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import random
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,24 +25,9 @@ from envace.policy.openai_http import (
     json_schema_format,
 )
 from envace.policy.types import ChatBackend, SamplingParams
+from tests.helpers import fake_openai as fake
 
-
-def _load_helper(name: str) -> ModuleType:
-    """Import tests/helpers/<name>.py by path: `tests` is not an importable package."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / "helpers" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fake = _load_helper("fake_openai")
-# The helper is loaded by path, so type checkers cannot see its classes.
-Server = Any
+Server = fake.FakeOpenAI
 
 PARAMS = SamplingParams(max_new_tokens=64, temperature=0.6, top_p=0.8)
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -7,13 +7,9 @@ is the real OpenAIChatClient.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,22 +27,7 @@ from envace.reward.judge import (
     split_turn_steps,
 )
 from envace.tasks.model import ChecklistItem
-
-
-def _load_helper(name: str) -> ModuleType:
-    """Import tests/helpers/<name>.py by path: `tests` is not an importable package."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / "helpers" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fake = _load_helper("fake_openai")
+from tests.helpers import fake_openai as fake
 
 FIELDS = {
     "high_level_understanding_of_the_question": "checks the transfer",
