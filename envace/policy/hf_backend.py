@@ -3,6 +3,11 @@
 Prompts are token ids; outputs are the sampled ids with their log-probabilities under the
 sampling distribution (after temperature / top-k / top-p), cut after the first end-of-turn id.
 Prompts are sorted by length and left-padded in micro-batches, so padding waste stays small.
+
+The log-probabilities are taken step by step by the last logits processor (`_LogprobRecorder`,
+after our own temperature / top-k / top-p warpers), so only one (batch x vocabulary) row of
+scores exists at a time: `output_scores` would keep all of them (20 GB at batch 256 x 128 new
+tokens with a 151,936-token vocabulary).
 """
 
 from __future__ import annotations
@@ -28,6 +33,52 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32") -> tuple[
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return model, tokenizer
+
+
+class _LogprobRecorder:
+    """Last logits processor: log-softmax of the final (warped) scores of each step, gathered at
+    the token sampled from them (seen as the last input id of the next step, or in `finish`)."""
+
+    def __init__(self) -> None:
+        self.prev: torch.Tensor | None = None
+        self.taken: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.taken.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = scores.float().log_softmax(dim=-1)
+        return scores
+
+    def finish(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T_new) log-probs of the sampled tokens `new_ids`."""
+        if self.prev is not None and len(self.taken) < new_ids.shape[1]:
+            self.taken.append(self.prev.gather(-1, new_ids[:, -1:]).squeeze(-1))
+        self.prev = None
+        if not self.taken:
+            return new_ids.new_zeros(new_ids.shape, dtype=torch.float32)
+        return torch.stack(self.taken, dim=1)
+
+
+def _processors(params: SamplingParams, recorder: _LogprobRecorder) -> Any:
+    """Temperature, top-k, top-p in transformers' order, then the recorder. Ours, so that the
+    recorder runs last (transformers appends its own warpers after custom processors)."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    out: list[Any] = []
+    if params.temperature <= 0:  # greedy: the recorder sees the raw scores
+        return LogitsProcessorList([recorder])
+    if params.temperature != 1.0:
+        out.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        out.append(TopKLogitsWarper(top_k=params.top_k))
+    if params.top_p < 1.0:
+        out.append(TopPLogitsWarper(top_p=params.top_p))
+    return LogitsProcessorList([*out, recorder])
 
 
 class TransformersBackend:
@@ -71,29 +122,32 @@ class TransformersBackend:
             mask[row, width - len(p) :] = 1
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         greedy = params.temperature <= 0
+        recorder = _LogprobRecorder()
+        # the warpers are our own processors; neutral values keep transformers' (and the
+        # checkpoint's generation_config defaults) out
+        neutral = (
+            {"temperature": None, "top_p": None, "top_k": None}
+            if greedy
+            else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        )
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                result = self.model.generate(
+                seqs = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,
                     max_new_tokens=params.max_new_tokens,
                     do_sample=not greedy,
-                    temperature=None if greedy else params.temperature,
-                    top_p=None if greedy else params.top_p,
-                    top_k=None if greedy or params.top_k <= 0 else params.top_k,
                     eos_token_id=self.eos_id,
                     pad_token_id=self.pad_id,
-                    output_scores=True,
-                    return_dict_in_generate=True,
+                    logits_processor=_processors(params, recorder),
+                    **neutral,
                 )
+                seqs = seqs[:, width:]  # (B, T_new)
+                tok_logp = recorder.finish(seqs)
         finally:
             self.model.train(was_training)
-        seqs = result.sequences[:, width:]  # (B, T_new)
-        # scores: T_new tensors of (B, V), already temperature/top-k/top-p processed
-        logp = torch.stack(result.scores, dim=1).float().log_softmax(dim=-1)  # (B, T_new, V)
-        tok_logp = logp.gather(-1, seqs.unsqueeze(-1)).squeeze(-1)  # (B, T_new)
         return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
 
     def _to_generation(self, seq: torch.Tensor, logps: torch.Tensor) -> Generation:

@@ -7,6 +7,10 @@ length before being cut into micro-batches, so padding waste stays small.
 the decoder, keeps only the hidden states of positions that predict a response token, and
 applies the LM head in checkpointed chunks (the logits of one chunk exist at a time, forward and
 backward). With a 151,936-token vocabulary that is what lets long batches fit at all.
+
+Rows are right-padded, so under causal attention no real token ever attends to a pad: the
+decoder runs without an attention mask (exactly the same log-probs at real positions), which
+lets SDPA take its fused causal (flash) kernel instead of a masked one.
 """
 
 from __future__ import annotations
@@ -143,13 +147,20 @@ def _chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> t
     return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
+def _is_right_padded(mask: torch.Tensor) -> bool:
+    """Every row is ones then zeros (or all ones)."""
+    return bool((mask[:, 1:] <= mask[:, :-1]).all()) if mask.shape[1] > 1 else True
+
+
 def token_logprobs(
     model: Any, mb: MicroBatch, chunk_tokens: int = 4096, temperature: float = 1.0
 ) -> torch.Tensor:
     """(B, T) log p(token_t | tokens_<t) at response positions, 0 elsewhere."""
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
-    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    # Right padding + causal attention: pads sit after every real token, so no mask is needed.
+    mask = None if _is_right_padded(mb.attention_mask) else mb.attention_mask
+    hidden = decoder(input_ids=mb.input_ids, attention_mask=mask).last_hidden_state
     target_mask = mb.response_mask[:, 1:] > 0  # (B, T-1)
     h = hidden[:, :-1][target_mask]  # (N, H): positions that predict a response token
     targets = mb.input_ids[:, 1:][target_mask]  # (N,)

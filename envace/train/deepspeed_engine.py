@@ -73,7 +73,7 @@ _OWNED_KEYS = {
     "gradient_accumulation_steps": "nothing: the trainer accumulates every micro-batch of a step",
     "managed_gradient_accumulation": "nothing: the engine needs it off (variable micro-batches)",
 }
-_ENVACE_KEYS = ("lora", "collective_timeout_s", "cpu_shm_comm")
+_ENVACE_KEYS = ("lora", "collective_timeout_s", "cpu_shm_comm", "compile_layers")
 _CHECKPOINT_TAG = "state"
 _STATE_DIR = "deepspeed"
 
@@ -142,11 +142,15 @@ class DeepSpeedOptions:
     # DeepSpeed's shared-memory all-reduce for CPU ranks: a C++ build of ~2 min on first use;
     # gloo does the same job, and multi-process CPU training only happens in tests.
     cpu_shm_comm: bool = False
+    # torch.compile each decoder layer (one graph shared by all layers: fused norms, rotary and
+    # activations). The first step pays the compilation (tens of seconds on a GPU).
+    compile_layers: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config) -> DeepSpeedOptions:
         t = cfg.train
         ds, lora, timeout_s, shm = split_deepspeed_config(t.deepspeed_config)
+        compile_layers = bool(t.deepspeed_config.get("compile_layers", False))
         return cls(
             lr=t.lr,
             weight_decay=t.weight_decay,
@@ -159,6 +163,7 @@ class DeepSpeedOptions:
             lora=lora,
             timeout_s=timeout_s,
             cpu_shm_comm=shm,
+            compile_layers=compile_layers,
         )
 
     @property
@@ -172,7 +177,7 @@ def split_deepspeed_config(
     """`train.deepspeed_config` -> (DeepSpeed keys, LoRA options, collective timeout, shm flag).
 
     EnvACE's own keys: `lora` (mapping or true), `collective_timeout_s` (seconds, default 1800),
-    `cpu_shm_comm` (bool). Keys the engine derives from `train.*` are refused, naming the field
+    `cpu_shm_comm` (bool), `compile_layers` (bool, read by `DeepSpeedOptions.from_config`). Keys the engine derives from `train.*` are refused, naming the field
     to set instead.
     """
     where = "train.deepspeed_config"
@@ -185,6 +190,8 @@ def split_deepspeed_config(
     if timeout_s <= 0:
         raise ConfigError(f"{where}.collective_timeout_s: must be > 0 seconds, got {timeout_s}")
     stage = dict(ds.get("zero_optimization") or {}).get("stage", 2)
+    if not isinstance(raw.get("compile_layers", False), bool):
+        raise ConfigError(f"{where}.compile_layers: expected true or false")
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"{where}.zero_optimization.stage: {stage!r} is not 0, 1, 2 or 3")
     return ds, lora, timeout_s, bool(raw.get("cpu_shm_comm", False))
@@ -326,6 +333,18 @@ def enable_activation_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def compile_decoder_layers(model: Any) -> int:
+    """torch.compile every decoder layer in place; the number of layers compiled."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ConfigError(
+            "train.deepspeed_config.compile_layers: this model's decoder has no `layers` list"
+        )
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def _apply_lora(model: Any, lora: LoraOptions) -> Any:
     from peft import LoraConfig, get_peft_model
 
@@ -363,6 +382,8 @@ class DeepSpeedEngine:
         self.ds_config = build_ds_config(options, self.info.world_size, on_gpu)
         if options.gradient_checkpointing:
             enable_activation_checkpointing(model)
+        if options.compile_layers:
+            compile_decoder_layers(model)
         if options.lora is not None:
             model = _apply_lora(model, options.lora)
         self.model = model  # generation uses this (under ZeRO-3 its forward is collective)
@@ -398,7 +419,9 @@ class DeepSpeedEngine:
                 groups, lr=self.options.lr, betas=(0.9, 0.999), adamw_mode=True
             )
             return opt
-        return torch.optim.AdamW(groups, lr=self.options.lr, betas=(0.9, 0.999))
+        # On a GPU the fused kernel: one launch for the whole (ZeRO-flattened) parameter set.
+        fused = torch.cuda.is_available()
+        return torch.optim.AdamW(groups, lr=self.options.lr, betas=(0.9, 0.999), fused=fused)
 
     @property
     def zero_stage(self) -> int:

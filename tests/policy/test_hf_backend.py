@@ -49,3 +49,25 @@ def test_seed_makes_sampling_reproducible_and_eos_cuts(
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert all(backend.eos_id not in g.token_ids[:-1] for g in a)
     assert backend.generated_tokens == sum(len(g.token_ids) for g in a + b)
+
+
+def test_logprobs_follow_temperature_and_top_k_in_a_left_padded_batch(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """Log-probs are recorded step by step after our warpers: each equals log-softmax of the
+    top-k-filtered logits / T at that step, for every row of a batch of unequal prompts."""
+    backend = TransformersBackend(micro_model, tiny_tokenizer)
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    t, k = 0.7, 4
+    params = SamplingParams(max_new_tokens=6, temperature=t, top_k=k, seed=5)
+    for prompt, gen in zip(prompts, backend.generate(prompts, params), strict=True):
+        assert len(gen.logprobs) == len(gen.token_ids) >= 1
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            logits = micro_model(ids).logits[0, len(prompt) - 1 : -1] / t  # (R, V)
+        kth = logits.topk(k, dim=-1).values[:, -1:]
+        filtered = logits.masked_fill(logits < kth, float("-inf"))
+        taken = torch.tensor(gen.token_ids)[:, None]
+        assert bool((logits.gather(-1, taken) >= kth).all())  # sampled inside the top k
+        want = filtered.log_softmax(-1).gather(-1, taken).squeeze(-1)
+        assert torch.allclose(torch.tensor(gen.logprobs), want, atol=1e-4)
