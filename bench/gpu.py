@@ -74,6 +74,7 @@ class TrainCase:
     seq: int
     checkpointing: bool = False
     compile: bool = False  # torch.compile each decoder layer (DeepSpeedOptions.compile_layers)
+    zero: int = 2  # DeepSpeed ZeRO stage
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,22 @@ PLANS = {
             "rollout.max_batch_size=256",
             "rollout.max_steps_per_turn=2",
         ],
+    ),
+    # second GPU call: the variants (compile, ZeRO stage) of the 0.6B cases, no decode / RL
+    "gpu-variants": Plan(
+        device="cuda",
+        dtype="bfloat16",
+        train=[
+            TrainCase("qwen3-0.6b", 8, 2048),
+            TrainCase("qwen3-0.6b", 8, 2048, zero=1),
+            TrainCase("qwen3-0.6b", 8, 2048, compile=True),
+            TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
+            TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
+        ],
+        decode=[],
+        engines=("deepspeed",),
+        warmup=2,
+        steps=5,
     ),
     "cpu": Plan(
         device="cpu",
@@ -243,7 +260,7 @@ def _engine(kind: str, model: Any, case: TrainCase, plan: Plan) -> Any:
     opts = DeepSpeedOptions(
         lr=1e-5,
         ds_config={
-            "zero_optimization": {"stage": 2},
+            "zero_optimization": {"stage": case.zero},
             "bf16": {"enabled": plan.dtype == "bfloat16"},
         },
         gradient_checkpointing=case.checkpointing,
@@ -276,25 +293,29 @@ def bench_train(kind: str, case: TrainCase, plan: Plan, peak: float) -> dict[str
         (mb,) = make_micro_batches(rows, case.batch, 0)
         with torch.no_grad():
             old = engine.logprobs(mb).detach()
-        times = []
+        times: list[tuple[float, float, float]] = []  # forward, loss + backward, optimizer step
         for i in range(plan.warmup + plan.steps):
             _sync(plan.device)
             t0 = time.perf_counter()
-            loss, _ = policy_loss(
-                engine.logprobs(mb), old, mb.advantages, mb.response_mask, LossConfig()
-            )
+            logp = engine.logprobs(mb)
+            _sync(plan.device)
+            t1 = time.perf_counter()
+            loss, _ = policy_loss(logp, old, mb.advantages, mb.response_mask, LossConfig())
             engine.backward(loss)
+            _sync(plan.device)
+            t2 = time.perf_counter()
             engine.step()
             _sync(plan.device)
             if i >= plan.warmup:
-                times.append(time.perf_counter() - t0)
+                times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
     except torch.OutOfMemoryError:
         return {**row, "params_m": n / 1e6, "status": "OOM"}
     finally:
         with contextlib.suppress(NameError):
             del engine
         del model
-    step_s = sum(times) / len(times)
+    fwd, bwd, opt = (sum(t[j] for t in times) / len(times) for j in range(3))
+    step_s = fwd + bwd + opt
     tokens = case.batch * case.seq
     tps = tokens / step_s
     peak_mem = torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else None
@@ -303,6 +324,9 @@ def bench_train(kind: str, case: TrainCase, plan: Plan, peak: float) -> dict[str
         "params_m": round(n / 1e6, 1),
         "status": "ok",
         "step_s": round(step_s, 4),
+        "forward_s": round(fwd, 4),
+        "backward_s": round(bwd, 4),
+        "optimizer_s": round(opt, 4),
         "tokens_per_s": round(tps, 1),
         "mfu": round(train_flops_per_token(n, shape, case.seq) * tps / (peak * 1e12), 4),
         "peak_mem_gib": None if peak_mem is None else round(peak_mem, 1),
@@ -515,11 +539,13 @@ def _print_tables(report: dict[str, Any]) -> None:
                 "batch x seq",
                 "ckpt",
                 "compile",
+                "ZeRO",
                 "params M",
                 "step s",
                 "tokens/s",
                 "MFU",
                 "peak GiB",
+                "fwd / bwd / opt s",
             ],
             [
                 (
@@ -528,11 +554,13 @@ def _print_tables(report: dict[str, Any]) -> None:
                     f"{r['batch']} x {r['seq']}",
                     r["checkpointing"],
                     r.get("compile", False),
+                    r.get("zero", 2),
                     r["params_m"],
                     r.get("step_s", r["status"]),
                     r.get("tokens_per_s"),
                     f"{100 * r['mfu']:.1f}%" if "mfu" in r else None,
                     r.get("peak_mem_gib"),
+                    "/".join(str(r.get(k)) for k in ("forward_s", "backward_s", "optimizer_s")),
                 )
                 for r in train
             ],
@@ -656,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
                 record(
                     _guarded(base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, use_vllm))
                 )
-        if "rl" not in args.skip:
+        if "rl" not in args.skip and plan.rl_overrides:
             record(_guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp)]))
         if "train" not in args.skip:
             train(plan.train_late)

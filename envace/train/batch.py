@@ -160,7 +160,7 @@ def token_logprobs(
     head = model.get_output_embeddings()
     # Right padding + causal attention: pads sit after every real token, so no mask is needed.
     mask = None if _is_right_padded(mb.attention_mask) else mb.attention_mask
-    hidden = decoder(input_ids=mb.input_ids, attention_mask=mask).last_hidden_state
+    hidden = decoder(input_ids=mb.input_ids, attention_mask=mask, use_cache=False).last_hidden_state
     target_mask = mb.response_mask[:, 1:] > 0  # (B, T-1)
     h = hidden[:, :-1][target_mask]  # (N, H): positions that predict a response token
     targets = mb.input_ids[:, 1:][target_mask]  # (N,)
