@@ -114,17 +114,14 @@ PLANS = {
     "gpu": Plan(
         device="cuda",
         dtype="bfloat16",
-        train=[
-            TrainCase("qwen3-0.6b", 8, 2048),
-            TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True),
-            TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True),
-            TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True),
-        ],
-        # run after decode and the RL iteration: compilation costs a minute each
-        train_late=[
+        train=[  # compile_layers on: the configuration configs/gpu-1.yaml uses
             TrainCase("qwen3-0.6b", 8, 2048, compile=True),
             TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
+            TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True, compile=True),
+            TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
         ],
+        # the eager engine for comparison, after decode and the RL iteration
+        train_late=[TrainCase("qwen3-0.6b", 8, 2048), TrainCase("qwen3-0.6b", 16, 4096, True)],
         decode=[DecodeCase("qwen3-0.6b", 64, 512, 256), DecodeCase("qwen3-0.6b", 256, 512, 128)],
         engines=("deepspeed",),
         warmup=2,
@@ -139,7 +136,7 @@ PLANS = {
             "rollout.max_steps_per_turn=2",
         ],
     ),
-    # second GPU call: the variants (compile, ZeRO stage) of the 0.6B cases, no decode / RL
+    # training only (no decode / RL): the compiled cases, then the ZeRO-1 variant
     "gpu-variants": Plan(
         device="cuda",
         dtype="bfloat16",
@@ -148,6 +145,7 @@ PLANS = {
             TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
             TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True, compile=True),
             TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
+            TrainCase("qwen3-0.6b", 8, 2048, compile=True, zero=1),
         ],
         decode=[],
         engines=("deepspeed",),

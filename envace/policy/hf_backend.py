@@ -133,7 +133,9 @@ class TransformersBackend:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            # Layers compiled for training (compile_layers) would recompile per cache state and
+            # shape here; decoding runs them eagerly.
+            with torch.inference_mode(), torch.compiler.set_stance("force_eager"):
                 seqs = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,
