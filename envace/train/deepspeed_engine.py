@@ -26,11 +26,12 @@ exactly. DeepSpeed is imported when an engine is built, never at module import.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -373,6 +374,8 @@ def _apply_lora(model: Any, lora: LoraOptions) -> Any:
 class DeepSpeedEngine:
     """`TrainingEngine` over DeepSpeed ZeRO. Build one per process, on every rank."""
 
+    data_parallel = True  # RLTrainer may split rows across ranks (gradients are averaged)
+
     def __init__(self, model: Any, options: DeepSpeedOptions) -> None:
         import deepspeed
 
@@ -515,6 +518,31 @@ class DeepSpeedEngine:
                 f"{self.info.world_size}; ZeRO shards need the same number of processes"
             )
         self.load_state_dict(saved or {"steps": 0})
+
+    @contextlib.contextmanager
+    def generation_context(self) -> Iterator[None]:
+        """Collective under ZeRO-3: every rank gathers the whole model and ZeRO's module hooks
+        are lifted, so each rank generates on its own (its own prompts, lengths and number of
+        forward calls) and nothing waits on the other ranks; on exit the weights are
+        partitioned again and the hooks restored. A no-op under ZeRO-0/1/2, where every rank
+        already holds the whole (bf16) model."""
+        if self.zero_stage != 3:
+            yield
+            return
+        import deepspeed
+
+        offload = self.ds.optimizer.parameter_offload
+        params = list(self._wrapper.parameters())
+        with deepspeed.zero.GatheredParameters(params):
+            for p in params:
+                p.ds_active_sub_modules.clear()
+            for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                offload._register_deepspeed_module(offload.module)
 
     # --- weights ----------------------------------------------------------------------------
     def _hf_model(self) -> Any:

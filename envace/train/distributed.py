@@ -35,13 +35,17 @@ __all__ = [
     "DistInfo",
     "LaunchResult",
     "RankFailure",
+    "all_reduce_max",
     "all_reduce_mean",
+    "all_reduce_sum",
     "barrier",
     "dist_info",
     "free_port",
+    "gather_objects",
     "init_process_group",
     "is_main_process",
     "launch",
+    "partition",
     "shard",
 ]
 
@@ -189,16 +193,48 @@ def barrier(name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     dist.barrier()
 
 
-def all_reduce_mean(value: float) -> float:
-    """Mean of `value` over all ranks (the value itself in a world of one)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return float(value)
+def _multi() -> bool:
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
+def _reduce(value: float, op: Any) -> float:
     device = (
         torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     )
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t.item() / dist.get_world_size())
+    dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def all_reduce_mean(value: float) -> float:
+    """Mean of `value` over all ranks (the value itself in a world of one)."""
+    if not _multi():
+        return float(value)
+    return _reduce(value, dist.ReduceOp.SUM) / int(dist.get_world_size())
+
+
+def all_reduce_sum(value: float) -> float:
+    """Sum of `value` over all ranks."""
+    return _reduce(value, dist.ReduceOp.SUM) if _multi() else float(value)
+
+
+def all_reduce_max(value: float) -> float:
+    """Largest `value` over all ranks."""
+    return _reduce(value, dist.ReduceOp.MAX) if _multi() else float(value)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` in a world of one."""
+    if not _multi():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def partition(items: Sequence[Any], rank: int, world_size: int) -> list[Any]:
+    """Rank `rank`'s round-robin share of `items`, nothing dropped (shares differ by <= 1)."""
+    return list(items[rank::world_size])
 
 
 def shard(items: Sequence[Any], rank: int, world_size: int) -> list[Any]:

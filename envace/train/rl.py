@@ -10,14 +10,25 @@ One iteration (the reference's "step"):
 4. `ppo_epochs` passes of PPO-clip over the trainable rows, in micro-batches whose losses add up
    to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy).
 In "share" mode both roles' rows update one model; in "noshare" each role has its own model.
+
+Several ranks (torchrun, DeepSpeed engine) are data parallel: each rank rolls out its
+round-robin share of the iteration's tasks (all `n` rollouts of a task on one rank), the
+trajectories are gathered so that every rank computes the same rewards, advantages and metrics,
+and the trainable rows are split round-robin again for the update. Every rank then runs the same
+number of micro-batches (a rank with fewer rows repeats one at weight 0: ZeRO's per-micro-batch
+collectives need equal counts), and each micro-batch loss is weighted by world size x its share
+of the *global* rows (or tokens), so DeepSpeed's gradient average is exactly the one-process
+gradient over all rows. Under ZeRO-3 the rollout runs with the weights gathered on every rank
+(`DeepSpeedEngine.generation_context`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +37,27 @@ import torch
 from envace.algo.advantages import apply_empty_penalty, compute_advantages
 from envace.algo.losses import LossConfig, policy_loss
 from envace.config import Config
+from envace.errors import ConfigError
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
 from envace.rollout.policies import Policy
 from envace.rollout.types import Role, Row, Trajectory
 from envace.tasks.model import Task
-from envace.train.batch import TrainRow, make_micro_batches
+from envace.train.batch import MicroBatch, TrainRow, make_micro_batches
+from envace.train.distributed import (
+    all_reduce_max,
+    all_reduce_mean,
+    all_reduce_sum,
+    dist_info,
+    gather_objects,
+    partition,
+)
 from envace.train.engine import TrainingEngine
 
 __all__ = ["RLTrainer", "iteration_seed", "sample_tasks"]
 
 log = logging.getLogger(__name__)
+
+_MAX_STATS = ("ratio_max",)  # per-token maxima: reduced by max over micro-batches and ranks
 
 
 def iteration_seed(seed: int, iteration: int) -> int:
@@ -87,6 +109,15 @@ class RLTrainer:
         self.cfg = cfg
         self.tasks = list(tasks)
         self.learners = list(learners)
+        self.dist = dist_info()
+        if self.dist.distributed:
+            for learner in self.learners:
+                if not getattr(learner.engine, "data_parallel", False):
+                    raise ConfigError(
+                        f"train.engine: {type(learner.engine).__name__} trains one process, but "
+                        f"this is rank {self.dist.rank} of WORLD_SIZE={self.dist.world_size}; "
+                        "set train.engine: deepspeed for multi-process training"
+                    )
         r = cfg.rollout
         from envace.policy.types import SamplingParams
 
@@ -118,6 +149,12 @@ class RLTrainer:
         if a.kl_coef > 0 and (ref_model is not None or self.learners):
             import copy
 
+            if ref_model is None and getattr(self.learners[0].engine, "zero_stage", 0) == 3:
+                raise ConfigError(
+                    "algo.kl_coef > 0 needs a frozen reference copy of the policy, which a "
+                    "ZeRO-3-partitioned model cannot give; use zero_optimization.stage 2 or "
+                    "algo.kl_coef: 0"
+                )
             ref = (
                 ref_model if ref_model is not None else copy.deepcopy(self.learners[0].engine.model)
             )
@@ -141,11 +178,15 @@ class RLTrainer:
         cfg = self.cfg
         if not self.tasks:
             raise ValueError("RL needs at least one training task")
-        torch.manual_seed(iteration_seed(cfg.train.seed, it))
+        rank, world = self.dist.rank, self.dist.world_size
+        torch.manual_seed((iteration_seed(cfg.train.seed, it) + rank) % 2**31)
         batch = sample_tasks(self.tasks, cfg.rollout.batch_tasks, cfg.train.seed, it)
+        mine = partition(batch, rank, world)
         t0 = time.perf_counter()
-        trajs = self.engine.run(batch, n=cfg.rollout.n)
+        with self._generation():
+            local = self.engine.run(mine, n=cfg.rollout.n) if mine else []
         t_rollout = time.perf_counter() - t0
+        trajs = [t for part in gather_objects(local) for t in part]
         rows, adv_metrics = self._advantages(trajs)
         return rows, {
             "iteration": it + 1,
@@ -154,6 +195,16 @@ class RLTrainer:
             "time/rollout_s": t_rollout,
             "throughput/generated_tokens": sum(len(r.response_ids) for t in trajs for r in t.rows),
         }
+
+    @contextlib.contextmanager
+    def _generation(self) -> Iterator[None]:
+        """Weights ready for generation on every engine (gathered under ZeRO-3)."""
+        with contextlib.ExitStack() as stack:
+            for learner in self.learners:
+                ctx = getattr(learner.engine, "generation_context", None)
+                if ctx is not None:
+                    stack.enter_context(ctx())
+            yield
 
     def _advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Row], dict[str, float]]:
         a = self.cfg.algo
@@ -190,37 +241,49 @@ class RLTrainer:
         return out
 
     def _ppo(self, learner: RoleLearner, rows: Sequence[Row]) -> dict[str, float]:
+        """PPO on `rows` (the same global rows on every rank; each rank trains its share)."""
         if not rows:
             return {"rows": 0.0}
         train_rows = [
             TrainRow(r.prompt_ids, r.response_ids, r.advantage, role=str(r.role)) for r in rows
         ]
         agg = self.cfg.algo.loss_agg_mode
+        rank, world = self.dist.rank, self.dist.world_size
+        # Length-sorted before the round-robin split, so every rank gets a similar token load.
+        ordered = sorted(train_rows, key=lambda r: r.length)
+        mine = partition(ordered, rank, world)
         device = next(learner.engine.model.parameters()).device
         mbs = [
             mb.to(device)
-            for mb in make_micro_batches(
-                train_rows, self.cfg.train.micro_batch_rows, learner.pad_id
-            )
+            for mb in make_micro_batches(mine, self.cfg.train.micro_batch_rows, learner.pad_id)
         ]
         total_rows = len(train_rows)
-        total_tokens = sum(mb.num_tokens for mb in mbs)
+        total_tokens = all_reduce_sum(sum(mb.num_tokens for mb in mbs))
+        # Weight of each micro-batch: world x its share of the global batch (DeepSpeed averages
+        # the ranks' gradients); filler micro-batches (equal counts for ZeRO) weigh 0.
+        weights = [
+            world
+            * (
+                len(mb.rows) / total_rows
+                if agg == "seq-mean-token-mean"
+                else mb.num_tokens / total_tokens
+            )
+            for mb in mbs
+        ]
+        filler = mbs[0] if mbs else make_micro_batches(ordered[:1], 1, learner.pad_id)[0].to(device)
+        missing = int(all_reduce_max(len(mbs))) - len(mbs)
+        mbs += [filler] * missing
+        weights += [0.0] * missing
         with torch.no_grad():  # old log-probs of the policy that generated the rows
             old = [learner.engine.logprobs(mb).detach() for mb in mbs]
             ref = [self._ref_logprobs(mb) for mb in mbs]
         stats: dict[str, float] = {"rows": float(total_rows), "tokens": float(total_tokens)}
         for _ in range(self.cfg.train.ppo_epochs):
             sums: dict[str, float] = {}
-            for mb, old_lp, ref_lp in zip(mbs, old, ref, strict=True):
-                # Weight so the micro-batch losses add up to the whole batch's aggregate.
-                w = (
-                    len(mb.rows) / total_rows
-                    if agg == "seq-mean-token-mean"
-                    else mb.num_tokens / total_tokens
-                )
-                logp = learner.engine.logprobs(mb)
+            maxima: dict[str, float] = {}
+            for mb, w, old_lp, ref_lp in zip(mbs, weights, old, ref, strict=True):
                 loss, s = policy_loss(
-                    logp,
+                    learner.engine.logprobs(mb),
                     old_lp,
                     mb.advantages,
                     mb.response_mask,
@@ -229,12 +292,18 @@ class RLTrainer:
                 )
                 learner.engine.backward(loss * w)
                 for k, v in s.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * w
-            stats.update(sums)
+                    if k.endswith("_max"):
+                        if w > 0:
+                            maxima[k] = max(maxima.get(k, float("-inf")), float(v))
+                    elif k != "tokens":  # the batch's token count is already in stats
+                        sums[k] = sums.get(k, 0.0) + float(v) * w
+            # Each rank summed world x its share: the mean over ranks is the global value.
+            stats.update({k: all_reduce_mean(v) for k, v in sorted(sums.items())})
+            stats.update({k: all_reduce_max(maxima.get(k, 0.0)) for k in _MAX_STATS})
             stats["grad_norm"] = learner.engine.step()
         return stats
 
-    def _ref_logprobs(self, mb: Any) -> torch.Tensor | None:
+    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
         if self.ref_model is None:
             return None
         from envace.train.batch import token_logprobs
