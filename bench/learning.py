@@ -66,7 +66,7 @@ def run_seed(base: Config, seed: int, out: Path, modes: list[str]) -> dict[str, 
             mcfg.rollout.mode = mode  # type: ignore[assignment]
             mpaths = RunPaths(out / mode, str(out / mode))
             logger = MetricsLogger(out / mode, tensorboard=False)
-            m, _ = rl_stage(mcfg, mpaths, m, tok, splits, logger, None)
+            m, _, _ = rl_stage(mcfg, mpaths, m, tok, splits, logger, None)
             logger.close()
         res = evaluate_model(m, tok, cfg, splits.test, mode).metrics
         results[mode] = {k: getattr(res, k) for k in METRICS} | {

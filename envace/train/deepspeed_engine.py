@@ -482,14 +482,21 @@ class DeepSpeedEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
 
-    def save_model(self, out_dir: Path, tokenizer: Any) -> None:
-        """Collective: Hugging Face weights + tokenizer (rank 0) and DeepSpeed state (all)."""
+    def save_weights(self, out_dir: Path, tokenizer: Any) -> None:
+        """Collective: Hugging Face weights (gathered from ZeRO-3 shards, LoRA merged) and the
+        tokenizer, written by rank 0; no DeepSpeed state (a final or exported model)."""
         out_dir = Path(out_dir)
         sd = self.full_state_dict()
         if self.info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
             self._hf_model().save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
             tokenizer.save_pretrained(out_dir)
+        barrier(f"save weights {out_dir}", self.options.timeout_s)
+
+    def save_model(self, out_dir: Path, tokenizer: Any) -> None:
+        """Collective: Hugging Face weights + tokenizer (rank 0) and DeepSpeed state (all)."""
+        out_dir = Path(out_dir)
+        self.save_weights(out_dir, tokenizer)
         self.ds.save_checkpoint(
             str(out_dir / _STATE_DIR),
             tag=_CHECKPOINT_TAG,

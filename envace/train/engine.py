@@ -114,6 +114,10 @@ class TorchEngine:
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
 
+    def save_weights(self, out_dir: Path, tokenizer: Any) -> None:
+        """Hugging Face weights + tokenizer (the optimizer state lives in `state_dict`)."""
+        self.save_model(out_dir, tokenizer)
+
     def save_model(self, out_dir: Path, tokenizer: Any) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out_dir, safe_serialization=True)

@@ -183,7 +183,7 @@ class RLTrainer:
         batch = sample_tasks(self.tasks, cfg.rollout.batch_tasks, cfg.train.seed, it)
         mine = partition(batch, rank, world)
         t0 = time.perf_counter()
-        with self._generation():
+        with self.generation_ready():
             local = self.engine.run(mine, n=cfg.rollout.n) if mine else []
         t_rollout = time.perf_counter() - t0
         trajs = [t for part in gather_objects(local) for t in part]
@@ -197,7 +197,7 @@ class RLTrainer:
         }
 
     @contextlib.contextmanager
-    def _generation(self) -> Iterator[None]:
+    def generation_ready(self) -> Iterator[None]:
         """Weights ready for generation on every engine (gathered under ZeRO-3)."""
         with contextlib.ExitStack() as stack:
             for learner in self.learners:

@@ -5,10 +5,20 @@ RL with world rehearsal -> evaluate, with a progress bar per stage, a final comp
 metrics.jsonl / summary.json / a PNG plot / TensorBoard events, and checkpoints committed to the
 artifact store (a local folder by default) with manifests, so `--resume` continues from the
 newest complete one.
+
+Started by torchrun with several processes (`train.engine: deepspeed`), every rank runs this
+same function: rank 0 alone writes reports, metrics and commits; the first process of each node
+prepares the tasks and the initial checkpoint on its disk while the others wait at a barrier;
+the warm start runs on every rank and rank 0's weights are broadcast so the replicas are
+identical; RL is data parallel (`envace.train.rl`); evaluations run on rank 0 with the weights
+gathered (`generation_context`) while the other ranks wait at a barrier. Checkpoints of a
+multi-node job need `--out` on a filesystem every node shares (each rank writes its DeepSpeed
+shard there and rank 0 commits the directory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -22,6 +32,7 @@ from typing import Any
 import torch
 
 from envace.config import Config
+from envace.errors import ConfigError
 from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
 from envace.policy.chat import ChatRenderer
 from envace.policy.hf_backend import TransformersBackend
@@ -32,10 +43,17 @@ from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import ModelPolicy, Policy
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
+from envace.train.distributed import (
+    DEFAULT_TIMEOUT_S,
+    DistInfo,
+    barrier,
+    dist_info,
+    init_process_group,
+)
 from envace.train.engine import TorchEngine, TrainingEngine
 from envace.train.rl import RLTrainer, RoleLearner
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
-from envace.train.tracking import MetricsLogger, plot_progress
+from envace.train.tracking import MetricsLogger, NullLogger, plot_progress
 
 __all__ = ["RunPaths", "TaskSplits", "load_splits", "prepare_tasks", "run_main"]
 
@@ -48,6 +66,7 @@ STAGE_NAMES = ("untrained", "warm_start", "rl")
 class RunPaths:
     out: Path
     store: str  # URI every artifact directory is committed to (default: `out` itself)
+    writes: bool = True  # False on ranks other than 0: `commit` only names the URI
 
     @property
     def tasks(self) -> Path:
@@ -67,7 +86,8 @@ class RunPaths:
         from envace.storage.artifacts import commit_dir
 
         uri = self.store_uri(local)
-        commit_dir(local, uri)
+        if self.writes:
+            commit_dir(local, uri)
         return uri
 
 
@@ -276,6 +296,8 @@ def _save_rl_checkpoint(
     ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
     for name, _model, engine in learners:
         engine.save_model(ckpt / name, tokenizer)
+    if not paths.writes:
+        return paths.commit(ckpt)
     state = {
         "iteration": it,
         "engines": {name: engine.state_dict() for name, _m, engine in learners},
@@ -290,7 +312,7 @@ def _save_rl_checkpoint(
     return paths.commit(ckpt)
 
 
-def _resume_point(paths: RunPaths) -> Path | None:
+def _resume_point(paths: RunPaths, fetch: bool = True) -> Path | None:
     from envace.storage.artifacts import fetch_dir
     from envace.storage.checkpoints import latest_complete
     from envace.storage.uri import join_uri
@@ -299,7 +321,8 @@ def _resume_point(paths: RunPaths) -> Path | None:
     if uri is None:
         return None
     local = paths.checkpoints / "rl" / uri.rstrip("/").rsplit("/", 1)[-1]
-    fetch_dir(uri, local)
+    if fetch:
+        fetch_dir(uri, local)
     return local
 
 
@@ -322,12 +345,14 @@ def rl_stage(
     model: Any,
     tokenizer: Any,
     splits: TaskSplits,
-    logger: MetricsLogger,
+    logger: MetricsLogger | NullLogger,
     resume_from: Path | None,
     eval_hook: Callable[[Any], float] | None = None,
-) -> tuple[Any, list[dict[str, Any]]]:
-    """RL iterations; returns the trained policy model and the per-iteration records."""
+) -> tuple[Any, list[dict[str, Any]], TrainingEngine]:
+    """RL iterations; returns the trained policy model, the per-iteration records and the
+    policy's engine. `eval_hook` runs on rank 0 (weights gathered on every rank)."""
     start = 0
+    info = dist_info()
     if resume_from is not None:
         from transformers import AutoModelForCausalLM
 
@@ -376,11 +401,21 @@ def rl_stage(
     from tqdm import tqdm
 
     t = cfg.train
-    bar = tqdm(range(start, t.iterations), desc="RL", unit="it", initial=start, total=t.iterations)
+    bar = tqdm(
+        range(start, t.iterations),
+        desc="RL",
+        unit="it",
+        initial=start,
+        total=t.iterations,
+        disable=not info.is_main,
+    )
     for it in bar:
         rec = trainer.iteration(it)
         if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
-            rec["eval/success_rate"] = eval_hook(model)
+            with trainer.generation_ready():
+                if info.is_main:
+                    rec["eval/success_rate"] = eval_hook(model)
+            _wait_for_all(cfg, "evaluation during RL")
         logger.log(rec)
         records.append(rec)
         bar.set_postfix(
@@ -388,7 +423,7 @@ def rl_stage(
         )
         if (it + 1) % t.save_every == 0 or it + 1 == t.iterations:
             _save_rl_checkpoint(paths, it + 1, engines, tokenizer)
-    return model, records
+    return model, records, engines[0][2]
 
 
 # --- the main job -----------------------------------------------------------------------------
@@ -405,48 +440,134 @@ def _stage_metrics(result: EvalResult) -> dict[str, Any]:
     }
 
 
+def _join_job(cfg: Config) -> DistInfo:
+    """This process's place in a torchrun job; joins the process group when there are ranks."""
+    info = dist_info()
+    if not info.distributed:
+        return info
+    if cfg.train.engine != "deepspeed":
+        raise ConfigError(
+            f"train.engine: {cfg.train.engine!r} trains one process, but WORLD_SIZE="
+            f"{info.world_size}; set train.engine: deepspeed (or start one process)"
+        )
+    return init_process_group(timeout_s=_collective_timeout(cfg))
+
+
+def _collective_timeout(cfg: Config) -> float:
+    raw = cfg.train.deepspeed_config.get("collective_timeout_s", DEFAULT_TIMEOUT_S)
+    return float(raw)
+
+
+def _wait_for_all(cfg: Config, what: str) -> None:
+    barrier(what, _collective_timeout(cfg))
+
+
+def _broadcast_weights(model: Any) -> None:
+    """Rank 0's weights to every rank (replicas identical after a per-rank warm start)."""
+    import torch.distributed as dist
+
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    )
+    for tensor in model.state_dict().values():
+        if device is None or tensor.device == device:
+            dist.broadcast(tensor, src=0)
+        else:  # NCCL moves device tensors only
+            moved = tensor.to(device)
+            dist.broadcast(moved, src=0)
+            tensor.copy_(moved)
+
+
+def _initial_model(
+    cfg: Config, paths: RunPaths, splits: TaskSplits, info: DistInfo
+) -> tuple[Any, Any]:
+    """The configured or tiny model; a node's first process builds and saves the tiny one."""
+    from envace.policy.hf_backend import load_model_and_tokenizer
+
+    init_dir = paths.checkpoints / "init"
+    if cfg.model.path is not None or info.local_rank == 0:
+        model, tokenizer = init_model(cfg, splits, init_dir)
+        _wait_for_all(cfg, "initial checkpoint")
+    else:
+        _wait_for_all(cfg, "initial checkpoint")
+        model, tokenizer = load_model_and_tokenizer(init_dir, cfg.model.dtype)
+    if init_dir.is_dir():
+        paths.commit(init_dir)
+    return model, tokenizer
+
+
+def _generation(engine: TrainingEngine) -> Any:
+    ctx = getattr(engine, "generation_context", None)
+    return ctx() if ctx is not None else contextlib.nullcontext()
+
+
+@dataclass
+class _Start:
+    paths: RunPaths
+    stages: dict[str, Any]
+    resume_from: Path | None
+    splits: TaskSplits
+    model: Any
+    tokenizer: Any
+
+
+def _start(cfg: Config, out: Path, store: str | None, resume: bool, info: DistInfo) -> _Start:
+    """Tasks, resume point and the starting model, on every rank."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths(out, store or str(out), writes=info.is_main)
+    if info.is_main:
+        atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+    stages_path = out / "stages.json"
+    first_on_node = info.local_rank == 0
+    resume_from = _resume_point(paths, fetch=first_on_node) if resume else None
+    if resume_from is not None and first_on_node:
+        _restore_history(paths, resume_from)
+    if resume_from is None and first_on_node:
+        prepare_tasks(cfg, paths)
+    _wait_for_all(cfg, "tasks and resume point")
+    splits = load_splits(paths.tasks)
+    if resume_from is None:
+        model, tokenizer = _initial_model(cfg, paths, splits, info)
+        return _Start(paths, {}, None, splits, model, tokenizer)
+    from envace.policy.hf_backend import load_model_and_tokenizer
+
+    stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
+    model, tokenizer = load_model_and_tokenizer(resume_from / "policy")
+    return _Start(paths, stages, resume_from, splits, model, tokenizer)
+
+
 def run_main(
     cfg: Config, out: Path, store: str | None = None, resume: bool = False
 ) -> dict[str, Any]:
-    """Run the whole method; returns the summary written to OUT/summary.json."""
+    """Run the whole method; returns the summary written to OUT/summary.json (on rank 0; the
+    other ranks of a multi-process run return `{"rank": r}`)."""
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    paths = RunPaths(out, store or str(out))
-    atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
-    stages_path = out / "stages.json"
-    stages: dict[str, Any] = (
-        json.loads(stages_path.read_text()) if resume and stages_path.exists() else {}
+    info = _join_job(cfg)
+    main = info.is_main
+    st = _start(cfg, out, store, resume, info)
+    paths, stages, splits, tokenizer = st.paths, st.stages, st.splits, st.tokenizer
+
+    def record(name: str, model: Any, label: str) -> None:
+        stages[name] = _stage_metrics(evaluate_model(model, tokenizer, cfg, splits.test, label))
+        atomic_write_text(out / "stages.json", json.dumps(stages, indent=2) + "\n")
+
+    if "untrained" not in stages and main:
+        record("untrained", st.model, "untrained")
+    if st.resume_from is None and cfg.warm_start.enabled:
+        stages["warm_start_training"] = warm_start(cfg, st.model, tokenizer, splits)
+        if info.distributed:
+            _broadcast_weights(st.model)
+        if main:
+            ws_dir = paths.checkpoints / "warm_start"
+            TorchEngine(st.model, 1.0).save_model(ws_dir, tokenizer)
+            paths.commit(ws_dir)
+            record("warm_start", st.model, "warm start")
+    _wait_for_all(cfg, "evaluations before RL")
+    logger: MetricsLogger | NullLogger = (
+        MetricsLogger(out, cfg.tensorboard, cfg.wandb_project, cfg.to_dict())
+        if main
+        else NullLogger()
     )
-    resume_from = _resume_point(paths) if resume else None
-    if resume_from is not None:
-        _restore_history(paths, resume_from)
-        stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
-    if resume_from is None:
-        prepare_tasks(cfg, paths)
-    splits = load_splits(paths.tasks)
-    if resume_from is not None:
-        from envace.policy.hf_backend import load_model_and_tokenizer
-
-        model, tokenizer = load_model_and_tokenizer(resume_from / "policy")
-    else:
-        model, tokenizer = init_model(cfg, splits, paths.checkpoints / "init")
-        if (paths.checkpoints / "init").is_dir():
-            paths.commit(paths.checkpoints / "init")
-        stages = {}
-
-    def record(name: str, result: EvalResult) -> None:
-        stages[name] = _stage_metrics(result)
-        atomic_write_text(stages_path, json.dumps(stages, indent=2) + "\n")
-
-    if "untrained" not in stages:
-        record("untrained", evaluate_model(model, tokenizer, cfg, splits.test, "untrained"))
-    if resume_from is None and cfg.warm_start.enabled:
-        stages["warm_start_training"] = warm_start(cfg, model, tokenizer, splits)
-        ws_dir = paths.checkpoints / "warm_start"
-        TorchEngine(model, 1.0).save_model(ws_dir, tokenizer)
-        paths.commit(ws_dir)
-        record("warm_start", evaluate_model(model, tokenizer, cfg, splits.test, "warm start"))
-    logger = MetricsLogger(out, cfg.tensorboard, cfg.wandb_project, cfg.to_dict())
 
     def eval_hook(m: Any) -> float:
         return (
@@ -454,13 +575,38 @@ def run_main(
         )
 
     try:
-        model, records = rl_stage(
-            cfg, paths, model, tokenizer, splits, logger, resume_from, eval_hook
+        model, records, engine = rl_stage(
+            cfg, paths, st.model, tokenizer, splits, logger, st.resume_from, eval_hook
         )
     finally:
         logger.close()
     if cfg.train.iterations > 0:
-        record("rl", evaluate_model(model, tokenizer, cfg, splits.test, "after RL"))
+        with _generation(engine):
+            if main:
+                record("rl", model, "after RL")
+        _wait_for_all(cfg, "evaluation after RL")
+    final = paths.checkpoints / "final"
+    save_weights = getattr(engine, "save_weights", None)
+    if save_weights is not None:  # collective under ZeRO-3 (gathers the shards)
+        save_weights(final, tokenizer)
+    else:
+        TorchEngine(model, 1.0).save_model(final, tokenizer)
+    if not main:
+        return {"rank": info.rank}
+    paths.commit(final)
+    return _finish(paths, stages, records, st.resume_from, time.perf_counter() - t0, info)
+
+
+def _finish(
+    paths: RunPaths,
+    stages: dict[str, Any],
+    records: list[dict[str, Any]],
+    resume_from: Path | None,
+    wall_s: float,
+    info: DistInfo,
+) -> dict[str, Any]:
+    """Plot, summary.json and the committed report (rank 0)."""
+    out = paths.out
     all_records = (
         [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
         if (out / "metrics.jsonl").exists()
@@ -472,20 +618,18 @@ def run_main(
         if k in STAGE_NAMES and v.get("success_rate") is not None
     }
     plot = plot_progress(all_records, evals, out / "progress.png")
-    final = paths.checkpoints / "final"
-    TorchEngine(model, 1.0).save_model(final, tokenizer)
-    paths.commit(final)
     summary: dict[str, Any] = {
         "stages": {k: v for k, v in stages.items() if k in STAGE_NAMES},
         "warm_start_training": stages.get("warm_start_training"),
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": wall_s,
         "resumed_from": str(resume_from) if resume_from else None,
+        "ranks": info.world_size,
         "artifacts": {
             "metrics": str(out / "metrics.jsonl"),
             "summary": str(out / "summary.json"),
             "plot": str(plot),
             "tensorboard": str(out / "tensorboard"),
-            "final_checkpoint": paths.store_uri(final),
+            "final_checkpoint": paths.store_uri(paths.checkpoints / "final"),
             "store": paths.store,
         },
     }

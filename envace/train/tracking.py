@@ -8,9 +8,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "plot_progress"]
+__all__ = ["MetricsLogger", "NullLogger", "plot_progress"]
 
 log = logging.getLogger(__name__)
+
+
+class NullLogger:
+    """The metrics sink of ranks other than 0 (only rank 0 writes reports)."""
+
+    def truncate_after(self, iteration: int) -> None:
+        pass
+
+    def log(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class MetricsLogger:

@@ -44,7 +44,7 @@ def test_mode_runs_and_updates(
     before = {k: v.clone() for k, v in model.state_dict().items()}
     m = copy.deepcopy(model)
     logger = MetricsLogger(tmp_path, tensorboard=False)
-    trained, records = rl_stage(
+    trained, records, _engine = rl_stage(
         cfg, RunPaths(tmp_path, str(tmp_path)), m, tok, splits, logger, None
     )
     logger.close()

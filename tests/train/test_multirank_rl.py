@@ -181,3 +181,66 @@ if __name__ == "__main__":
     # Entry point of the ranks: `worker DATA OUT STAGE...`.
     if sys.argv[1] == "worker":
         worker(Path(sys.argv[2]), Path(sys.argv[3]), [int(s) for s in sys.argv[4:]])
+
+
+def test_envace_run_on_two_ranks_writes_once_and_resumes(tmp_path: Path) -> None:
+    """The main job under torchrun with 2 ranks and ZeRO-3: rank 0 alone writes metrics,
+    summary and commits; each rank's DeepSpeed shard lands in the checkpoint; the final
+    weights (gathered from the shards) are the last checkpoint's; `--resume` on 2 ranks
+    continues from it."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    sets = [
+        *MICRO,
+        "warm_start.batch_rows=8",
+        "train.engine=deepspeed",
+        'train.deepspeed_config={"zero_optimization": {"stage": 3}, "collective_timeout_s": 180}',
+        "train.save_every=1",
+        "train.eval_every=1",
+        "eval.max_tasks=1",
+    ]
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    base += ["2", "-m", "envace", "run", "--out", str(out)]
+    base += [a for kv in sets for a in ("--set", kv)]
+    first = subprocess.run(
+        [*base, "--set", "train.iterations=2"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stderr[-6000:]
+    assert "DeepSpeed engine: ZeRO-3, 2 rank(s)" in first.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"] == 2
+    assert set(summary["stages"]) == {"untrained", "warm_start", "rl"}
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in lines] == [1, 2]  # one writer
+    assert all("eval/success_rate" in r for r in lines)
+    ckpt = out / "checkpoints" / "rl" / "iter_000002" / "policy"
+    shards = sorted(p.name for p in (ckpt / "deepspeed" / "state").iterdir())
+    assert [n for n in shards if "optim_states" in n] == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    manifest = json.loads((ckpt.parent / "MANIFEST.json").read_text())
+    listed = {e["path"] for e in manifest["files"]}
+    assert "policy/deepspeed/state/zero_pp_rank_1_mp_rank_00_optim_states.pt" in listed
+    last, final = (
+        load_file(str(d / "model.safetensors")) for d in (ckpt, out / "checkpoints" / "final")
+    )
+    assert last.keys() == final.keys()
+    for key in last:
+        torch.testing.assert_close(final[key], last[key], msg=key)
+    again = subprocess.run(
+        [*base, "--set", "train.iterations=3", "--resume"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-6000:]
+    assert "at iteration 2" in again.stderr
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in lines] == [1, 2, 3]
