@@ -8,7 +8,8 @@ Two kinds of settings:
   GPU count, GPU node selectors and tolerations, the /dev/shm size, the store-credentials Secret,
   and the defaults of the run parameters below;
 - run time (pipeline parameters, editable in the Kubeflow UI): `config` (the whole config: JSON or YAML),
-  `store`, `store_endpoint`, `image`, `train_nodes`, `train_gpus_per_node`, `trainjob_runtime`.
+  `store`, `store_endpoint`, `image`, `train_nodes`, `train_gpus_per_node`, `trainjob_runtime`,
+  `eval_rehearsal` (test-time rehearsal in the evaluate step: parallel:N | sequential:N, "" none).
 
 Prepare is cached (its outputs are a function of the config); every other step is not.
 """
@@ -153,6 +154,7 @@ def build_pipeline(options: PipelineOptions) -> Any:
         train_nodes: int = 1,
         train_gpus_per_node: int = options.gpus,
         trainjob_runtime: str = "envace",
+        eval_rehearsal: str = "",
     ) -> PipelineOutputs:
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         common = {"config": config, "store": store, "store_endpoint": store_endpoint}
@@ -191,7 +193,13 @@ def build_pipeline(options: PipelineOptions) -> Any:
                 image=image,
             )
             checkpoint = _model_step(tr, options, image, f"train {it + 1}").outputs["Output"]
-        ev = evaluate(**common, run_id=run_id, checkpoint_uri=checkpoint, tasks_uri=tasks_uri)
+        ev = evaluate(
+            **common,
+            run_id=run_id,
+            checkpoint_uri=checkpoint,
+            tasks_uri=tasks_uri,
+            rehearsal=eval_rehearsal,
+        )
         _model_step(ev, options, image, "evaluate")
         return PipelineOutputs(checkpoint, ev.outputs["Output"])
 

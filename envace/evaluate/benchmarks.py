@@ -50,9 +50,12 @@ __all__ = [
     "SyntheticRun",
     "bfcl_episode_record",
     "bfcl_report",
+    "rehearsal_summary",
+    "rehearse_synthetic",
     "run_bfcl_benchmark",
     "run_synthetic",
     "synthetic_report",
+    "write_memories",
     "write_report",
 ]
 
@@ -91,7 +94,9 @@ class BenchmarkReport:
         if len(self.categories) > 1:
             body.append(f"\nMean over categories (macro): {fmt(overall.get('score_macro'))}")
         if self.rehearsal is not None:
-            body.append("\n" + _rehearsal_text(self.rehearsal))
+            body.append(
+                "\n" + rehearsal_summary(self.rehearsal["config"], self.rehearsal["overall"])
+            )
         return "\n".join(head + body) + "\n"
 
     def _row(
@@ -104,10 +109,12 @@ class BenchmarkReport:
         return row
 
 
-def _rehearsal_text(rehearsal: dict[str, Any]) -> str:
-    cfg, g = rehearsal["config"], rehearsal["overall"]
+def rehearsal_summary(config: dict[str, Any], g: dict[str, Any]) -> str:
+    """One paragraph on a rehearsal: `config` (RehearsalConfig fields), `g` (a RehearsalGain as
+    a dict): success without -> with, the gain and the extra cost."""
     return (
-        f"Rehearsal {cfg['mode']}:{cfg['n']}, notes of at most {cfg['memory_tokens']} tokens. "
+        f"Rehearsal {config['mode']}:{config['n']}, notes of at most {config['memory_tokens']} "
+        "tokens. "
         f"Success {fmt(g['success_without'])} -> {fmt(g['success_with'])} "
         f"(gain {fmt(g['gain'])}) on the same {g['n_tasks']} tasks and seeds. "
         f"Extra cost: {g['extra_tokens']} generated tokens ({fmt(g['extra_tokens_per_task'], 1)} "
@@ -169,6 +176,32 @@ def run_synthetic(
     )
     if rehearsal is None:
         return SyntheticRun(baseline)
+    outcome, rehearsed = rehearse_synthetic(
+        policy,
+        tasks,
+        cfg,
+        rehearsal,
+        probe_fidelity=probe_fidelity,
+        n=n,
+        seed=seed,
+        progress=progress,
+    )
+    return SyntheticRun(baseline, rehearsed, outcome)
+
+
+def rehearse_synthetic(
+    policy: Policy,
+    tasks: Sequence[Task],
+    cfg: RolloutConfig,
+    rehearsal: RehearsalConfig,
+    *,
+    probe_fidelity: bool = True,
+    n: int = 1,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[RehearsalOutcome, EvalResult]:
+    """The rehearsal half of `run_synthetic`: rehearse every task privately, then execute it
+    again, in its real world, with the notes (the same tasks, `cfg`, `n` as the baseline)."""
     outcome = rehearse(policy, tasks, cfg, rehearsal, seed=seed, progress=progress)
     rehearsed = evaluate_policy(
         policy,
@@ -178,7 +211,7 @@ def run_synthetic(
         n=n,
         progress=progress,
     )
-    return SyntheticRun(baseline, rehearsed, outcome)
+    return outcome, rehearsed
 
 
 def _world(task: Task) -> str:
@@ -335,5 +368,11 @@ def write_report(
     atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=2) + "\n")
     atomic_write_text(out / "report.md", report.markdown())
     if outcome is not None:
-        lines = "".join(json.dumps(_memory_record(k, outcome)) + "\n" for k in outcome.tasks)
-        atomic_write_text(out / "rehearsal" / "memories.jsonl", lines)
+        write_memories(outcome, out / "rehearsal" / "memories.jsonl")
+
+
+def write_memories(outcome: RehearsalOutcome, path: Path) -> None:
+    """One JSON line per task: its final notes, the notes after each condensation step, the
+    imagined attempts (as the condenser saw them) and their token cost."""
+    lines = "".join(json.dumps(_memory_record(k, outcome)) + "\n" for k in outcome.tasks)
+    atomic_write_text(path, lines)

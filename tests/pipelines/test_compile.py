@@ -207,6 +207,7 @@ def test_run_parameters_and_their_defaults(gpu_pipeline: tuple[Any, Any]) -> Non
         "train_nodes": "NUMBER_INTEGER",
         "train_gpus_per_node": "NUMBER_INTEGER",
         "trainjob_runtime": "STRING",
+        "eval_rehearsal": "STRING",
     }
     config = json.loads(inputs["config"]["defaultValue"])
     assert config == load_config(None, ["train.lr=2e-6"]).to_dict()
@@ -217,6 +218,22 @@ def test_run_parameters_and_their_defaults(gpu_pipeline: tuple[Any, Any]) -> Non
     train = _tasks(spec)["train-3"]["inputs"]["parameters"]
     assert train["nodes"]["componentInputParameter"] == "train_nodes"
     assert train["total_iterations"]["runtimeValue"]["constant"] == 3.0
+
+
+def test_eval_rehearsal_reaches_the_evaluate_step_only(gpu_pipeline: tuple[Any, Any]) -> None:
+    spec, _ = gpu_pipeline
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["eval_rehearsal"]["defaultValue"] == ""  # off: committed execution only
+    tasks = _tasks(spec)
+    evaluate = tasks["evaluate"]["inputs"]["parameters"]
+    assert evaluate["rehearsal"] == {"componentInputParameter": "eval_rehearsal"}
+    others = [t for t in tasks if t != "evaluate"]
+    assert not any("rehearsal" in tasks[t]["inputs"]["parameters"] for t in others)
+    component = spec["components"][tasks["evaluate"]["componentRef"]["name"]]
+    declared = component["inputDefinitions"]["parameters"]["rehearsal"]
+    assert declared["parameterType"] == "STRING" and declared["defaultValue"] == ""
+    body = " ".join(_container(spec, "evaluate")["command"])
+    assert "stages.evaluate(cfg, checkpoint_uri, tasks_uri, out_uri, rehearsal=rehearsal)" in body
 
 
 def test_cpu_default_has_no_gpu_and_no_tolerations(tmp_path: Path) -> None:

@@ -265,3 +265,120 @@ def test_evaluate_commits_metrics_report_and_trajectories(
     assert result.report.startswith("# EnvACE evaluation")
     assert "| success_rate |" in result.report and p.checkpoint_uri in result.report
     assert len((Path(out) / "trajectories.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["parallel:2", "sequential:2"])
+def test_evaluate_with_test_time_rehearsal_reports_the_gain_and_the_mode(
+    prepared: tuple[Config, str, stages.Prepared], spec: str
+) -> None:
+    from kfp.dsl import Metrics
+
+    cfg, store, p = prepared
+    plain = stages.evaluate(cfg, p.checkpoint_uri, p.tasks_uri, f"{store}/plain-{spec[0]}")
+    assert not any(k.startswith("rehearsal/") for k in plain.metrics)
+    assert "Test-time rehearsal: none" in plain.report
+    out = stages.RunLayout(store, f"ev-{spec.replace(':', '-')}").evaluation
+    result = stages.evaluate(cfg, p.checkpoint_uri, p.tasks_uri, out, rehearsal=spec)
+    # The committed execution without notes is the same as without the parameter.
+    assert {k: v for k, v in result.metrics.items() if not k.startswith("rehearsal/")} == (
+        plain.metrics
+    )
+    mode = spec.split(":")[0]
+    m = result.metrics
+    assert (m["rehearsal/mode"], m["rehearsal/n"], m["rehearsal/n_tasks"]) == (mode, 2, 2)
+    assert m["rehearsal/success_without"] == m["success_rate"]
+    assert 0.0 <= m["rehearsal/success_with"] <= 1.0
+    assert m["rehearsal/gain"] == pytest.approx(
+        m["rehearsal/success_with"] - m["rehearsal/success_without"]
+    )
+    # the tiny model generates tokens in its imagined attempts (and in its notes)
+    assert m["rehearsal/extra_tokens"] > 0 and m["rehearsal/extra_generations"] > 0
+    assert m["rehearsal/extra_tokens_per_task"] == m["rehearsal/extra_tokens"] / 2
+    stored = json.loads((Path(out) / "metrics.json").read_text())
+    assert stored["rehearsal/success_with"] == m["rehearsal/success_with"]
+    assert {e.path for e in verify(out, deep=True).files} == {
+        "metrics.json",
+        "report.md",
+        "trajectories.jsonl",
+        "rehearsal/metrics.json",
+        "rehearsal/trajectories.jsonl",
+        "rehearsal/memories.jsonl",
+    }
+    with_notes = json.loads((Path(out) / "rehearsal" / "metrics.json").read_text())
+    assert with_notes["n_tasks"] == 2 and with_notes["config"]["mode"] == mode
+    lines = (Path(out) / "rehearsal" / "memories.jsonl").read_text().splitlines()
+    memories = [json.loads(x) for x in lines]
+    assert len(memories) == 2 and all(len(r["attempts"]) == 2 for r in memories)
+    assert len(memories[0]["notes_per_step"]) == (1 if mode == "parallel" else 2)
+    # The report names the mode and gives the figures.
+    assert result.report == (Path(out) / "report.md").read_text()
+    assert f"## Test-time rehearsal: {spec}" in result.report
+    assert f"Rehearsal {spec}, notes of at most 96 tokens." in result.report
+    assert "| rehearsal/success_with |" in result.report
+    assert "| rehearsal/extra_tokens |" in result.report
+    # The KFP Metrics artifact gets the numeric rehearsal figures (not the mode's name).
+    artifact = Metrics(name="metrics", uri=str(Path(out) / "kfp-metrics"))
+    logged = stages.log_kfp_metrics(artifact, result.metrics)
+    assert logged["rehearsal/extra_tokens"] == m["rehearsal/extra_tokens"]
+    assert "rehearsal/success_with" in logged and "rehearsal/mode" not in logged
+
+
+@pytest.mark.parametrize("spec", ["parallel", "parallel:0", "parallel:x", "best-of:3", "4"])
+def test_evaluate_refuses_a_bad_rehearsal_spec_before_loading_anything(
+    tmp_path: Path, micro_cfg: Config, spec: str
+) -> None:
+    out = tmp_path / "evaluation"
+    # Neither the checkpoint nor the tasks exist: the spec is checked first, so its error shows.
+    with pytest.raises(UserInputError) as caught:
+        stages.evaluate(
+            micro_cfg,
+            str(tmp_path / "no-ckpt"),
+            str(tmp_path / "no-tasks"),
+            str(out),
+            rehearsal=spec,
+        )
+    message = str(caught.value)
+    assert message.startswith(f"rehearsal {spec!r}")
+    assert "`eval_rehearsal`" in message
+    assert "parallel:N or sequential:N" in message and "empty for no test-time rehearsal" in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("spec", [None, "", "  "])
+def test_an_empty_rehearsal_spec_means_none(spec: str | None) -> None:
+    assert stages.evaluation_rehearsal(spec) is None
+    rcfg = stages.evaluation_rehearsal(" sequential:3 ")
+    assert rcfg is not None and (rcfg.mode, rcfg.n, rcfg.memory_tokens) == ("sequential", 3, 96)
+
+
+@pytest.mark.slow
+def test_evaluate_component_passes_its_rehearsal_parameter_to_the_stage(
+    prepared: tuple[Config, str, stages.Prepared],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kfp.dsl import Markdown, Metrics
+
+    from pipelines.components.evaluate import evaluate as component
+
+    cfg, store, p = prepared
+    monkeypatch.setenv("ENVACE_S3_ENDPOINT", "unset")  # the component sets it; restored after
+    metrics = Metrics(name="metrics", uri=str(tmp_path / "metrics"))
+    report = Markdown(name="report", uri=str(tmp_path / "report.md"))
+    uri = component.python_func(
+        config=stages.config_json(cfg),
+        store=store,
+        store_endpoint="http://store.invalid:9000",
+        run_id="component",
+        checkpoint_uri=p.checkpoint_uri,
+        tasks_uri=p.tasks_uri,
+        metrics=metrics,
+        report=report,
+        rehearsal="parallel:1",
+    )
+    assert uri == stages.RunLayout(store, "component").evaluation
+    assert "rehearsal/extra_tokens" in metrics.metadata and "success_rate" in metrics.metadata
+    text = (tmp_path / "report.md").read_text()
+    assert "## Test-time rehearsal: parallel:1" in text
+    assert text == (Path(uri) / "report.md").read_text()

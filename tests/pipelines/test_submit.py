@@ -99,6 +99,7 @@ def test_submit_starts_a_run_with_typed_parameters(
     argv = ["pipeline", "submit", "--host", fake_kfp.url, "--experiment", "rl-sweeps"]
     argv += ["--run-name", "lr-2e-6", "--no-cache"]  # the package installed with envace
     argv += ["--param", "store=minio://team/runs", "--param", "train_nodes=2"]
+    argv += ["--param", "eval_rehearsal=parallel:4"]
     argv += ["--set", "train.lr=2e-6", "--set", "rollout.n=8"]
     assert main(argv) == 0
     (experiment,) = fake_kfp.posted("/apis/v2beta1/experiments")
@@ -109,6 +110,7 @@ def test_submit_starts_a_run_with_typed_parameters(
     params = run["runtime_config"]["parameters"]
     assert params["store"] == "minio://team/runs"
     assert params["train_nodes"] == 2  # an integer, as the pipeline declares it
+    assert params["eval_rehearsal"] == "parallel:4"
     config = json.loads(params["config"])
     assert config["train"]["lr"] == 2e-6 and config["rollout"]["n"] == 8
     # --no-cache turns caching off for every task, prepare included
@@ -121,7 +123,7 @@ def test_submit_starts_a_run_with_typed_parameters(
 @pytest.mark.parametrize(
     ("param", "message"),
     [
-        ("rounds=3", "no such parameter; it takes config, image, store"),
+        ("rounds=3", "no such parameter; it takes config, eval_rehearsal, image, store"),
         ("train_nodes=two", "--param train_nodes=two: expected an integer"),
         ("store", "expected KEY=VALUE"),
     ],
