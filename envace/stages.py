@@ -59,15 +59,24 @@ from envace.report import fmt, markdown_table
 from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
 from envace.rollout.policies import Policy
-from envace.storage.artifacts import commit_dir, fetch_dir, verify
+from envace.storage.artifacts import (
+    commit_dir,
+    fetch_dir,
+    uncommit,
+    upload_files,
+    verify,
+    write_manifest,
+)
 from envace.storage.checkpoints import checkpoint_name
 from envace.storage.errors import ArtifactIntegrityError, ArtifactNotFoundError
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_uri, parse_uri
+from envace.train.distributed import dist_info
 from envace.train.engine import TorchEngine, TrainingEngine
 from envace.train.rl import RLTrainer, RoleLearner
 from envace.train.run import (
     RunPaths,
+    collective_timeout,
     evaluate_model,
     init_model,
     load_splits,
@@ -263,6 +272,24 @@ def _commit(local: Path, uri: str) -> str:
     return uri
 
 
+def _commit_from_ranks(local: Path, uri: str, timeout_s: float) -> str:
+    """Commit `uri` from every rank of a training job: each uploads its own files (its
+    DeepSpeed shard; rank 0 also the weights and metadata), rank 0 writes the manifest over
+    all of them once every rank is done. Works across nodes: nothing needs a shared disk."""
+    from envace.train.distributed import barrier, dist_info, gather_objects
+
+    main = dist_info().is_main
+    if main:
+        uncommit(uri)
+    barrier(f"uncommit {uri}", timeout_s)
+    parts = gather_objects(upload_files(local, uri))
+    if main:
+        merged = {e.path: e for part in reversed(parts) for e in part}  # rank 0's copy wins
+        write_manifest(uri, sorted(merged.values(), key=lambda e: e.path))
+    barrier(f"commit {uri}", timeout_s)
+    return uri
+
+
 def _committed(uri: str) -> bool:
     try:
         verify(uri)
@@ -302,6 +329,7 @@ class _Checkpoint:
     simulator: Any | None  # noshare: the simulator's own model, once it has one
     state: dict[str, Any] | None  # trainer_state.pt: optimizer states, iteration, RNG
     meta: CheckpointMeta
+    folder: Path | None = None  # the local copy (DeepSpeed state lives in <folder>/<model>/)
 
 
 def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> _Checkpoint:
@@ -324,7 +352,8 @@ def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> 
     if with_state and (folder / TRAINER_STATE).is_file():
         # Our own file (optimizer states and RNG states need full unpickling).
         state = torch.load(folder / TRAINER_STATE, weights_only=False)
-    return _Checkpoint(uri, model, tokenizer, simulator, state, CheckpointMeta.read(folder, uri))
+    meta = CheckpointMeta.read(folder, uri)
+    return _Checkpoint(uri, model, tokenizer, simulator, state, meta, folder)
 
 
 def _trains_simulator(cfg: Config) -> bool:
@@ -370,8 +399,26 @@ def _torch_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
     )
 
 
+def _deepspeed_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
+    try:
+        import deepspeed  # noqa: F401
+
+        from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions
+    except ImportError as exc:
+        raise ConfigError(
+            "train.engine: 'deepspeed' needs the deepspeed package in the step's image "
+            "(pip install 'envace[deepspeed]'; the GPU image has it)"
+        ) from exc
+    opts = DeepSpeedOptions.from_config(cfg)
+    total = max(1, horizon * cfg.train.ppo_epochs)
+    return DeepSpeedEngine(model, dataclasses.replace(opts, total_steps=total))
+
+
 # train.engine -> engine factory (config, model, iterations the lr schedule spans).
-_ENGINES: dict[str, Callable[[Config, Any, int], TrainingEngine]] = {"torch": _torch_engine}
+_ENGINES: dict[str, Callable[[Config, Any, int], TrainingEngine]] = {
+    "torch": _torch_engine,
+    "deepspeed": _deepspeed_engine,
+}
 
 
 def _make_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
@@ -550,7 +597,7 @@ def _learners(
     engines = [(name, model, _make_engine(cfg, model, horizon)) for name, model in models]
     if ckpt.state is not None:
         for name, _model, engine in engines:
-            engine.load_state_dict(ckpt.state["engines"][name])
+            _restore_engine(engine, name, ckpt)
     pad = ChatRenderer(ckpt.tokenizer).pad_id
     if len(engines) == 1:
         return engines, [RoleLearner(engines[0][2], frozenset({"caller", "simulator"}), pad)]
@@ -558,6 +605,25 @@ def _learners(
         RoleLearner(engines[0][2], frozenset({"caller"}), pad),
         RoleLearner(engines[1][2], frozenset({"simulator"}), pad),
     ]
+
+
+def _restore_engine(engine: TrainingEngine, name: str, ckpt: _Checkpoint) -> None:
+    """Optimizer state from the checkpoint; DeepSpeed's (sharded) beside the weights."""
+    assert ckpt.state is not None
+    saved = ckpt.state["engines"][name]
+    load_checkpoint = getattr(engine, "load_checkpoint", None)
+    has_ds_state = ckpt.folder is not None and (ckpt.folder / name / "deepspeed").is_dir()
+    if (load_checkpoint is not None) != has_ds_state or (
+        load_checkpoint is None and "optimizer" not in saved
+    ):
+        raise ConfigError(
+            f"{ckpt.uri}: its optimizer state was written by another train.engine than "
+            "this step's; keep train.engine the same for every round of a run"
+        )
+    if load_checkpoint is not None:
+        assert ckpt.folder is not None
+        load_checkpoint(ckpt.folder / name)  # collective: every rank reads its shard
+    engine.load_state_dict(saved)
 
 
 def _train_here(
@@ -584,17 +650,35 @@ def _train_here(
         out = tmp / "out"
         iteration = ckpt.meta.iteration + 1
         for name, _model, engine in engines:
-            engine.save_model(out / name, ckpt.tokenizer)
-        state = {
-            "iteration": iteration,
-            "engines": {name: engine.state_dict() for name, _m, engine in engines},
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-        }
-        torch.save(state, out / TRAINER_STATE)
-        meta = CheckpointMeta(iteration, ckpt.meta.rl_start)
-        _write_json(out / CHECKPOINT_META, {**dataclasses.asdict(meta), "rows": trajectories_uri})
-        _write_json(out / TRAIN_METRICS, metrics)
+            engine.save_model(out / name, ckpt.tokenizer)  # collective with DeepSpeed
+        info = dist_info()
+        if info.distributed:
+            if info.is_main:
+                _write_train_outputs(out, engines, iteration, ckpt, trajectories_uri, metrics)
+            out.mkdir(parents=True, exist_ok=True)
+            return Trained(_commit_from_ranks(out, out_uri, collective_timeout(cfg)), metrics)
+        _write_train_outputs(out, engines, iteration, ckpt, trajectories_uri, metrics)
         return Trained(_commit(out, out_uri), metrics)
+
+
+def _write_train_outputs(
+    out: Path,
+    engines: Sequence[tuple[str, Any, TrainingEngine]],
+    iteration: int,
+    ckpt: _Checkpoint,
+    trajectories_uri: str,
+    metrics: Mapping[str, Any],
+) -> None:
+    """trainer_state.pt, checkpoint.json and the train metrics beside the weights."""
+    state = {
+        "iteration": iteration,
+        "engines": {name: engine.state_dict() for name, _m, engine in engines},
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+    }
+    torch.save(state, out / TRAINER_STATE)
+    meta = CheckpointMeta(iteration, ckpt.meta.rl_start)
+    _write_json(out / CHECKPOINT_META, {**dataclasses.asdict(meta), "rows": trajectories_uri})
+    _write_json(out / TRAIN_METRICS, metrics)
 
 
 # --- train as a TrainJob ----------------------------------------------------------------------
@@ -705,6 +789,11 @@ def _train_with_trainjob(
     from envace.cluster.trainjob import TrainJobSpec
 
     out_uri = uris[2]
+    if cfg.train.engine != "deepspeed":
+        raise ConfigError(
+            f"train with nodes > 1 runs one process per GPU, which train.engine: "
+            f"{cfg.train.engine!r} cannot; set train.engine: deepspeed"
+        )
     if not _is_remote(out_uri):
         raise UserInputError(
             f"train with nodes > 1 writes {out_uri} from TrainJob pods, which cannot reach a "

@@ -4,6 +4,10 @@
     fetch_dir(uri, local_dir)   download, check every size and sha256, write the manifest last
     verify(uri, deep=False)     manifest present, every file present with its size (deep: sha256)
 
+Several processes can commit one directory together (the ranks of a training job, each with
+its own shard files): the writer calls `uncommit`, every process `upload_files` its part, and
+the writer then `write_manifest`s the union of their entries.
+
 A reader trusts a directory only when its manifest is present and matches. So a writer killed at
 any point leaves nothing a reader accepts: before the manifest lands the directory is "partial",
 and re-committing over an existing artifact removes its old manifest first.
@@ -34,7 +38,16 @@ from envace.storage.retry import RetryPolicy
 from envace.storage.settings import S3Settings
 from envace.storage.uri import join_key, join_uri, parse_uri
 
-__all__ = ["commit_dir", "fetch_dir", "open_store", "read_manifest", "verify"]
+__all__ = [
+    "commit_dir",
+    "fetch_dir",
+    "open_store",
+    "read_manifest",
+    "uncommit",
+    "upload_files",
+    "verify",
+    "write_manifest",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +99,57 @@ def read_manifest(
     return _read(store, prefix, uri)
 
 
+def uncommit(
+    uri: str, config: S3Settings | None = None, *, retry: RetryPolicy | None = None
+) -> bool:
+    """Remove `uri`'s manifest (if any): from now on readers see a partial artifact."""
+    store, prefix = open_store(uri, config, retry=retry)
+    removed = store.delete(join_key(prefix, MANIFEST_NAME))
+    if removed:
+        # Un-commit first: a reader must never accept old manifest + half-replaced files.
+        log.info("re-committing %s: removed its old manifest", uri)
+    return removed
+
+
+def upload_files(
+    local_dir: str | Path,
+    uri: str,
+    config: S3Settings | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    progress: ProgressCallback | None = None,
+) -> list[ManifestEntry]:
+    """Store every file of `local_dir` at `uri` (durably) and return their manifest entries;
+    no manifest is written."""
+    src = Path(local_dir)
+    if not src.is_dir():
+        raise UserInputError(f"cannot commit {src}: not a directory")
+    store, prefix = open_store(uri, config, retry=retry)
+    entries = []
+    for rel, path in scan_dir(src):
+        digest = store.put_file(path, join_key(prefix, rel), progress)
+        entries.append(ManifestEntry(rel, digest.size, digest.sha256))
+    if isinstance(store, LocalStore):
+        # The manifest must never reach the disk before the files it vouches for.
+        fsync_files(store.path(join_key(prefix, e.path)) for e in entries)
+    return entries
+
+
+def write_manifest(
+    uri: str,
+    entries: list[ManifestEntry],
+    config: S3Settings | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+) -> Manifest:
+    """Commit `uri`: write MANIFEST.json over `entries` (files already stored)."""
+    store, prefix = open_store(uri, config, retry=retry)
+    manifest = Manifest.build(entries)
+    store.put_bytes(manifest.to_json(), join_key(prefix, MANIFEST_NAME))
+    log.info("committed %s: %d file(s), %d bytes", uri, len(entries), manifest.total_size)
+    return manifest
+
+
 def commit_dir(
     local_dir: str | Path,
     uri: str,
@@ -98,26 +162,11 @@ def commit_dir(
 
     Committing a local folder onto itself only hashes the files and writes the manifest.
     """
-    src = Path(local_dir)
-    if not src.is_dir():
-        raise UserInputError(f"cannot commit {src}: not a directory")
-    files = scan_dir(src)
-    store, prefix = open_store(uri, config, retry=retry)
-    manifest_key = join_key(prefix, MANIFEST_NAME)
-    if store.delete(manifest_key):
-        # Un-commit first: a reader must never accept old manifest + half-replaced files.
-        log.info("re-committing %s: removed its old manifest", uri)
-    entries = []
-    for rel, path in files:
-        digest = store.put_file(path, join_key(prefix, rel), progress)
-        entries.append(ManifestEntry(rel, digest.size, digest.sha256))
-    if isinstance(store, LocalStore):
-        # The manifest must never reach the disk before the files it vouches for.
-        fsync_files(store.path(join_key(prefix, e.path)) for e in entries)
-    manifest = Manifest.build(entries)
-    store.put_bytes(manifest.to_json(), manifest_key)
-    log.info("committed %s: %d file(s), %d bytes", uri, len(entries), manifest.total_size)
-    return manifest
+    if not Path(local_dir).is_dir():
+        raise UserInputError(f"cannot commit {local_dir}: not a directory")
+    uncommit(uri, config, retry=retry)
+    entries = upload_files(local_dir, uri, config, retry=retry, progress=progress)
+    return write_manifest(uri, entries, config, retry=retry)
 
 
 def _local_copy_matches(local_dir: Path, manifest: Manifest) -> bool:

@@ -450,16 +450,17 @@ def _join_job(cfg: Config) -> DistInfo:
             f"train.engine: {cfg.train.engine!r} trains one process, but WORLD_SIZE="
             f"{info.world_size}; set train.engine: deepspeed (or start one process)"
         )
-    return init_process_group(timeout_s=_collective_timeout(cfg))
+    return init_process_group(timeout_s=collective_timeout(cfg))
 
 
-def _collective_timeout(cfg: Config) -> float:
+def collective_timeout(cfg: Config) -> float:
+    """Deadline of every collective wait (train.deepspeed_config.collective_timeout_s)."""
     raw = cfg.train.deepspeed_config.get("collective_timeout_s", DEFAULT_TIMEOUT_S)
     return float(raw)
 
 
 def _wait_for_all(cfg: Config, what: str) -> None:
-    barrier(what, _collective_timeout(cfg))
+    barrier(what, collective_timeout(cfg))
 
 
 def _broadcast_weights(model: Any) -> None:

@@ -224,16 +224,34 @@ def test_rollout_writes_rows_with_advantages_and_metrics(
     assert meta["metrics"]["iteration"] == 1
 
 
-def test_train_engine_without_an_implementation_is_a_config_error(
+@pytest.mark.slow
+def test_a_round_cannot_switch_train_engine(
     prepared: tuple[Config, str, stages.Prepared], tmp_path: Path, micro: list[str]
 ) -> None:
+    """Round 1 with the DeepSpeed engine (one process, `envace pipeline train-step` as a
+    subprocess: DeepSpeed's process group stays out of this test process) leaves its sharded
+    optimizer state; a torch-engine round 2 from it is refused, naming the fix."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
     _cfg, store, p = prepared
     cfg = load_config(None, [*micro, "train.engine=deepspeed"])
     layout = stages.RunLayout(store, "engine")
     _model, tokenizer = load_model_and_tokenizer(p.checkpoint_uri)
-    rows_uri = _store_rows(_rows(tokenizer), p.checkpoint_uri, layout.rollout(0), tmp_path)
-    with pytest.raises(ConfigError, match=r"train\.engine: 'deepspeed' is not available"):
-        stages.train(cfg, p.checkpoint_uri, rows_uri, layout.checkpoint(0))
+    rows_uri = _store_rows(_rows(tokenizer), p.checkpoint_uri, layout.rollout(0), tmp_path / "r0")
+    (tmp_path / "config.yaml").write_text(stages.config_text(cfg))
+    cmd = [sys.executable, "-m", "envace", "pipeline", "train-step"]
+    cmd += ["--config", str(tmp_path / "config.yaml")]
+    cmd += stages.train_step_args(p.checkpoint_uri, rows_uri, layout.checkpoint(0), 2)
+    env = {**os.environ, "DS_BUILD_OPS": "0", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (Path(layout.checkpoint(0)) / "policy" / "deepspeed" / "state").is_dir()
+    rows1 = _store_rows(_rows(tokenizer), layout.checkpoint(0), layout.rollout(1), tmp_path / "r1")
+    torch_cfg = load_config(None, micro)
+    with pytest.raises(ConfigError, match=r"keep train\.engine the same for every round"):
+        stages.train(torch_cfg, layout.checkpoint(0), rows1, layout.checkpoint(1))
 
 
 def test_torch_engine_refuses_a_multi_process_world(

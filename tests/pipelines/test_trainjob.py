@@ -11,6 +11,9 @@ server, so the checkpoint the step returns is one the job really committed.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,8 @@ from cluster_testlib import condition
 from pipelines_testlib import FakeTrainer
 
 from envace import stages
-from envace.cli import main
 from envace.config import Config, load_config
-from envace.errors import UserInputError
+from envace.errors import ConfigError, UserInputError
 from envace.policy.hf_backend import load_model_and_tokenizer
 from envace.rollout.io import write_rows
 from envace.rollout.types import Role, Row
@@ -42,7 +44,7 @@ FAILED = {
 @pytest.fixture
 def inputs(s3_store: str, micro: list[str], tmp_path: Path) -> tuple[Config, str, str, str]:
     """(config, checkpoint, rows, out) in the S3 store: a prepared model and rows it sampled."""
-    cfg = load_config(None, [*micro, "warm_start.enabled=false"])
+    cfg = load_config(None, [*micro, "warm_start.enabled=false", "train.engine=deepspeed"])
     prepared = stages.prepare(cfg, s3_store)
     local = tmp_path / "init"
     fetch_dir(prepared.checkpoint_uri, local)
@@ -51,7 +53,7 @@ def inputs(s3_store: str, micro: list[str], tmp_path: Path) -> tuple[Config, str
     rows = [
         Row(Role.CALLER, "t", f"t#{i}", 0, 0, [1, 2, 3], ids, [0.0] * len(ids), "stop", True,
             True, "Hello there", 1.0, adv)
-        for i, adv in enumerate((1.0, -1.0))
+        for i, adv in enumerate((1.0, -0.5))  # identical rows: +1 / -1 would cancel out
     ]  # fmt: skip
     layout = stages.RunLayout(s3_store, "run-7")
     scratch = tmp_path / "rows"
@@ -73,7 +75,8 @@ def _launch(fake: FakeTrainer) -> stages.TrainJobLaunch:
 
 
 def _run_nodes(tmp_path: Path) -> Any:
-    """The stand-in for the job's pods: the TrainJob's command with its ConfigMap mounted."""
+    """The stand-in for the job's pods: the TrainJob's command, as torchrun with 2 real
+    DeepSpeed ranks on this machine, with its ConfigMap mounted."""
 
     def start(trainjob: dict[str, Any], configmap: dict[str, Any]) -> None:
         trainer = trainjob["spec"]["trainer"]
@@ -81,7 +84,13 @@ def _run_nodes(tmp_path: Path) -> Any:
         config = tmp_path / "job-config.yaml"
         config.write_text(configmap["data"]["config.yaml"])
         args = [str(config) if a == "/etc/envace-job/config.yaml" else a for a in trainer["args"]]
-        assert main([*trainer["command"][3:], *args]) == 0
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        torchrun += ["--nproc_per_node", "2", *trainer["command"][1:], *args]
+        env = {**os.environ, "DS_BUILD_OPS": "0", "OMP_NUM_THREADS": "1"}
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        proc = subprocess.run(torchrun, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "DeepSpeed engine: ZeRO-2, 2 rank(s)" in proc.stderr
 
     return start
 
@@ -166,6 +175,7 @@ def test_a_retried_step_follows_the_trainjob_it_created_before(
 def test_a_local_store_cannot_serve_a_trainjob(
     fake_trainer: FakeTrainer, micro_cfg: Config, tmp_path: Path
 ) -> None:
+    micro_cfg.train.engine = "deepspeed"
     with pytest.raises(UserInputError, match="minio:// or s3://"):
         stages.train(micro_cfg, "ckpt", "rows", str(tmp_path / "out"), launch=_launch(fake_trainer))
     assert not fake_trainer.cluster.requests
@@ -176,3 +186,14 @@ def test_job_names_are_stable_per_output_and_valid_labels() -> None:
     assert a == stages.train_step_job_name("minio://envace/runs/r1/checkpoints/rl/iter_000001")
     assert a != stages.train_step_job_name("minio://envace/runs/r1/checkpoints/rl/iter_000002")
     assert a.startswith("envace-step-") and len(a) <= 40
+
+
+def test_a_multi_node_train_step_needs_the_deepspeed_engine(
+    inputs: tuple[Config, str, str, str], fake_trainer: Any
+) -> None:
+    """Refused before anything is created: the torch engine trains one process."""
+    _cfg, checkpoint, rows, out = inputs
+    torch_cfg = load_config(None, ["train.engine=torch"])
+    with pytest.raises(ConfigError, match=r"set train\.engine: deepspeed"):
+        stages.train(torch_cfg, checkpoint, rows, out, launch=_launch(fake_trainer))
+    assert not fake_trainer.cluster.requests

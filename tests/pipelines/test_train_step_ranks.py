@@ -1,0 +1,92 @@
+"""The pipeline's train step on 2 ranks, started exactly as a TrainJob starts it
+(`torchrun --no-python envace pipeline train-step ...`), with the DeepSpeed engine (ZeRO-2,
+2 real processes over gloo; no GPU, no test double).
+
+Two rounds through the store: each rank uploads its own DeepSpeed shard and rank 0 commits the
+manifest over all of them; round 2 restores every rank's shard from round 1's checkpoint. The
+result equals two updates in one process with the torch engine (losses, gradient norms,
+weights), to float tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from envace import stages
+from envace.config import load_config
+from envace.policy.hf_backend import load_model_and_tokenizer
+from envace.storage.artifacts import verify
+from tests.pipelines.test_stages import _in_process_updates, _rows, _store_rows
+
+pytest.importorskip("deepspeed", reason="needs deepspeed (pip install 'envace[deepspeed]')")
+
+DS_CONFIG = '{"zero_optimization": {"stage": 2}, "collective_timeout_s": 120}'
+
+
+def _env() -> dict[str, str]:
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(root / ".cache" / "torch_extensions"))
+    env["DS_BUILD_OPS"] = "0"
+    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores
+    return env
+
+
+def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
+    tmp_path: Path, micro: list[str]
+) -> None:
+    sets = [*micro, "warm_start.enabled=false", "train.lr_schedule=cosine", "train.lr=1e-2"]
+    store = str(tmp_path / "store")
+    prepared = stages.prepare(load_config(None, sets), store)
+    cfg = load_config(None, [*sets, "train.engine=deepspeed"])
+    cfg.train.deepspeed_config = json.loads(DS_CONFIG)
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(stages.config_text(cfg))
+    _model, tokenizer = load_model_and_tokenizer(prepared.checkpoint_uri)
+    rows = _rows(tokenizer)
+    layout = stages.RunLayout(store, "ranks")
+    checkpoint, results = prepared.checkpoint_uri, []
+    for it in range(2):
+        rows_uri = _store_rows(rows, checkpoint, layout.rollout(it), tmp_path / f"rows{it}")
+        out = layout.checkpoint(it)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--nproc_per_node", "2", "--no-python", "envace", "pipeline", "train-step"]
+        cmd += ["--config", str(config_file), *stages.train_step_args(checkpoint, rows_uri, out, 2)]
+        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        assert "DeepSpeed engine: ZeRO-2, 2 rank(s)" in proc.stderr
+        files = {e.path for e in verify(out, deep=True).files}
+        for rank in (0, 1):  # each rank's shard made it into the committed checkpoint
+            shard = f"policy/deepspeed/state/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            assert shard in files
+        assert {"policy/model.safetensors", "trainer_state.pt", "train_metrics.json"} <= files
+        results.append(json.loads((Path(out) / "train_metrics.json").read_text()))
+        checkpoint = out
+    expected_model, expected = _in_process_updates(
+        load_config(None, sets), prepared.checkpoint_uri, rows, 2
+    )
+    assert results[0] != results[1] and expected[0]["policy/grad_norm"] > 0
+    for got, want in zip(results, expected, strict=True):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=2e-4, abs=2e-5), key
+    # Each Adam step moves a weight by up to lr (1e-2); where a gradient is ~0, Adam's
+    # normalisation turns float-order differences into ~1e-5 weight differences: atol 1e-4.
+    stored, _ = load_model_and_tokenizer(Path(checkpoint) / "policy")
+    for (name, want_t), got_t in zip(
+        expected_model.state_dict().items(), stored.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(
+            got_t, want_t, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
+    assert state["iteration"] == 2 and state["engines"]["policy"]["steps"] == 2
