@@ -486,8 +486,8 @@ def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
     )
 
     cfg = load_config(None, [*plan.rl_overrides, "train.engine=deepspeed", "tensorboard=false"])
-    if plan.device == "cuda":
-        cfg.train.deepspeed_config = {"bf16": {"enabled": True}}
+    if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
+        cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": True}
     paths = RunPaths(tmp / "rl", str(tmp / "rl"))
     prepare_tasks(cfg, paths)
     splits = load_splits(paths.tasks)
