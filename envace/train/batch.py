@@ -156,7 +156,7 @@ ChunkFn = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 def compiled_chunk_logprobs() -> ChunkFn:
     """The head chunk (linear, fp32 cast, log-softmax, gather) as one compiled graph: the fp32
     logits and log-softmax of a chunk are never written out whole."""
-    fn: ChunkFn = torch.compile(chunk_logprobs, dynamic=False)
+    fn: ChunkFn = torch.compile(chunk_logprobs)  # shapes become dynamic after the first change
     return fn
 
 

@@ -11,9 +11,6 @@ weights), to float tolerance.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,22 +20,12 @@ from envace import stages
 from envace.config import load_config
 from envace.policy.hf_backend import load_model_and_tokenizer
 from envace.storage.artifacts import verify
+from tests.helpers.ranks import run_ranks, torchrun
 from tests.pipelines.test_stages import _in_process_updates, _rows, _store_rows
 
 pytest.importorskip("deepspeed", reason="needs deepspeed (pip install 'envace[deepspeed]')")
 
 DS_CONFIG = '{"zero_optimization": {"stage": 2}, "collective_timeout_s": 120}'
-
-
-def _env() -> dict[str, str]:
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(root / ".cache" / "torch_extensions"))
-    env["DS_BUILD_OPS"] = "0"
-    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores
-    return env
 
 
 def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
@@ -58,10 +45,11 @@ def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
     for it in range(2):
         rows_uri = _store_rows(rows, checkpoint, layout.rollout(it), tmp_path / f"rows{it}")
         out = layout.checkpoint(it)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        cmd += ["--nproc_per_node", "2", "--no-python", "envace", "pipeline", "train-step"]
-        cmd += ["--config", str(config_file), *stages.train_step_args(checkpoint, rows_uri, out, 2)]
-        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+        args = stages.train_step_args(checkpoint, rows_uri, out, 2)
+        cmd = torchrun(
+            "--no-python", "envace", "pipeline", "train-step", "--config", str(config_file), *args
+        )
+        proc = run_ranks(cmd)
         assert proc.returncode == 0, proc.stderr[-6000:]
         assert "DeepSpeed engine: ZeRO-2, 2 rank(s)" in proc.stderr
         files = {e.path for e in verify(out, deep=True).files}

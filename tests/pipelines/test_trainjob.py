@@ -11,9 +11,6 @@ server, so the checkpoint the step returns is one the job really committed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ from envace.policy.hf_backend import load_model_and_tokenizer
 from envace.rollout.io import write_rows
 from envace.rollout.types import Role, Row
 from envace.storage.artifacts import commit_dir, fetch_dir, verify
+from tests.helpers.ranks import run_ranks, torchrun
 
 RUNNING = {"jobsStatus": [{"name": "node", "active": 2, "ready": 2}]}
 COMPLETE = {
@@ -84,11 +82,7 @@ def _run_nodes(tmp_path: Path) -> Any:
         config = tmp_path / "job-config.yaml"
         config.write_text(configmap["data"]["config.yaml"])
         args = [str(config) if a == "/etc/envace-job/config.yaml" else a for a in trainer["args"]]
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        torchrun += ["--nproc_per_node", "2", *trainer["command"][1:], *args]
-        env = {**os.environ, "DS_BUILD_OPS": "0", "OMP_NUM_THREADS": "1"}
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        proc = subprocess.run(torchrun, env=env, capture_output=True, text=True, timeout=300)
+        proc = run_ranks(torchrun(*trainer["command"][1:], *args), timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert "DeepSpeed engine: ZeRO-2, 2 rank(s)" in proc.stderr
 

@@ -8,7 +8,6 @@ The ranks are real DeepSpeed processes started by torchrun (the production launc
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -179,12 +178,9 @@ def failing_worker(mode: str, out: Path) -> None:
 
 # --- test side --------------------------------------------------------------------------------
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    env["DS_BUILD_OPS"] = "0"
-    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores
-    return env
+    from tests.helpers.ranks import rank_env
+
+    return rank_env()
 
 
 @pytest.fixture(scope="module")

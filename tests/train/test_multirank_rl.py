@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.micro import MICRO  # noqa: E402
+from tests.helpers.ranks import run_ranks, torchrun  # noqa: E402
 
 SETS = [
     *MICRO,
@@ -107,15 +106,6 @@ def worker(data: Path, out: Path, stages: list[int]) -> None:
 
 
 # --- test side --------------------------------------------------------------------------------
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    env["DS_BUILD_OPS"] = "0"
-    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores
-    return env
-
-
 def _prepare(tmp: Path) -> Path:
     from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks
 
@@ -151,9 +141,7 @@ def test_two_ranks_roll_out_their_share_and_update_exactly_like_one_process(
     data = _prepare(tmp_path / "data")
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
-    cmd += ["2", __file__, "worker", str(data), str(out), "2", "3"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = run_ranks(torchrun(__file__, "worker", str(data), str(out), "2", "3"))
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads((out / "results.json").read_text())
     for name in ("zero2", "zero3"):
@@ -200,16 +188,9 @@ def test_envace_run_on_two_ranks_writes_once_and_resumes(tmp_path: Path) -> None
         "train.eval_every=1",
         "eval.max_tasks=1",
     ]
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
-    base += ["2", "-m", "envace", "run", "--out", str(out)]
+    base = torchrun("-m", "envace", "run", "--out", str(out))
     base += [a for kv in sets for a in ("--set", kv)]
-    first = subprocess.run(
-        [*base, "--set", "train.iterations=2"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    first = run_ranks([*base, "--set", "train.iterations=2"])
     assert first.returncode == 0, first.stderr[-6000:]
     assert "DeepSpeed engine: ZeRO-3, 2 rank(s)" in first.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -233,13 +214,7 @@ def test_envace_run_on_two_ranks_writes_once_and_resumes(tmp_path: Path) -> None
     assert last.keys() == final.keys()
     for key in last:
         torch.testing.assert_close(final[key], last[key], msg=key)
-    again = subprocess.run(
-        [*base, "--set", "train.iterations=3", "--resume"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    again = run_ranks([*base, "--set", "train.iterations=3", "--resume"])
     assert again.returncode == 0, again.stderr[-6000:]
     assert "at iteration 2" in again.stderr
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
