@@ -15,8 +15,9 @@ Every model is randomly initialised from a Qwen3 config of the named shape (no d
   MEASUREMENTS.md), EnvACE's TransformersBackend (the same plus per-token log-probs) and the
   VLLMBackend when vLLM runs (in process, or through --vllm-python).
 - rl: one RL iteration of the real loop (synthetic tasks, rehearsal, role-wise GRPO, update with
-  the DeepSpeed engine, checkpoint): rollout (generation, tool execution/rehearsal, turn
-  grading), reward (trajectory rewards and advantages), update, checkpoint.
+  the DeepSpeed engine, checkpoint), timed after one untimed warm-up iteration: rollout
+  (generation, tool execution/rehearsal, turn grading), reward (trajectory rewards and
+  advantages), update, checkpoint.
 Prints a table and writes JSON (--out).
 """
 
@@ -501,8 +502,11 @@ def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
     engine = _engine(cfg, model)
     learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
     trainer = RLTrainer(cfg, splits.train, model_policy(model, tok, cfg), [learner], TaskGrader())
+    # Iteration 1 warms up (kernel selection, allocator, compilation); iteration 2 is timed.
+    trainer.update(trainer.collect(0)[0])
+    _sync(plan.device)
     t0 = time.perf_counter()
-    rows, metrics = trainer.collect(0)
+    rows, metrics = trainer.collect(1)
     t1 = time.perf_counter()
     trainer.update(rows)
     _sync(plan.device)
