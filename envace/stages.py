@@ -549,20 +549,68 @@ def train(
     total_iterations: int | None = None,
     launch: TrainJobLaunch | None = None,
     emit: Callable[[str], None] | None = None,
+    processes: int | None = None,
 ) -> Trained:
     """RL iteration, second half: PPO on the rollout's rows, from the checkpoint that generated
     them (optimizer state included), committed as the next checkpoint at `out_uri`.
 
     `total_iterations`: iterations the lr schedule spans (the pipeline's rounds; default
     `train.iterations`). With `launch.nodes > 1` the update runs as a TrainJob; `emit` receives
-    its status lines and logs (default: the log).
+    its status lines and logs (default: the log). Otherwise it runs here: with `processes` > 1
+    (default with `train.engine: deepspeed`: one per visible GPU) as that many local ranks
+    under torchrun, so a pod with several GPUs uses all of them.
     """
     horizon = total_iterations if total_iterations is not None else cfg.train.iterations
+    uris = (checkpoint_uri, trajectories_uri, out_uri)
     if launch is not None and launch.nodes > 1:
-        return _train_with_trainjob(
-            cfg, (checkpoint_uri, trajectories_uri, out_uri), horizon, launch, emit or log.info
-        )
+        return _train_with_trainjob(cfg, uris, horizon, launch, emit or log.info)
+    if processes is None:
+        multi_gpu = cfg.train.engine == "deepspeed" and torch.cuda.device_count() > 1
+        inside_job = "WORLD_SIZE" in os.environ
+        processes = torch.cuda.device_count() if multi_gpu and not inside_job else 1
+    if processes > 1:
+        return _train_with_local_ranks(cfg, uris, horizon, processes, emit or log.info)
     return _train_here(cfg, checkpoint_uri, trajectories_uri, out_uri, horizon)
+
+
+def _train_with_local_ranks(
+    cfg: Config,
+    uris: tuple[str, str, str],
+    horizon: int,
+    processes: int,
+    emit: Callable[[str], None],
+) -> Trained:
+    """The train step as `processes` local DeepSpeed ranks: the TrainJob's command under a
+    single-node torchrun, its output passed to `emit`; fails with its last lines."""
+    import subprocess
+    import sys
+
+    if cfg.train.engine != "deepspeed":
+        raise ConfigError(
+            f"a train step on {processes} processes needs train.engine: deepspeed, not "
+            f"{cfg.train.engine!r}"
+        )
+    with _scratch() as tmp:
+        config = tmp / "config.yaml"
+        config.write_text(config_text(cfg), encoding="utf-8")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--nproc_per_node", str(processes), "-m", "envace", "pipeline", "train-step"]
+        cmd += ["--config", str(config), *train_step_args(*uris, horizon)]
+        emit(f"train step on {processes} local ranks: {' '.join(cmd[2:])}")
+        tail: list[str] = []
+        with subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                emit(line.rstrip("\n"))
+                tail = [*tail[-49:], line.rstrip("\n")]
+        if proc.returncode != 0:
+            raise StageError(
+                f"the train step's {processes} ranks failed (exit {proc.returncode}); last "
+                "lines:\n" + "\n".join(tail)
+            )
+    return _read_trained(uris[2])
 
 
 def _check_world(cfg: Config) -> None:

@@ -18,9 +18,10 @@ import torch
 
 from envace import stages
 from envace.config import load_config
+from envace.errors import ConfigError
 from envace.policy.hf_backend import load_model_and_tokenizer
 from envace.storage.artifacts import verify
-from tests.helpers.ranks import run_ranks, torchrun
+from tests.helpers.ranks import rank_env, run_ranks, torchrun
 from tests.pipelines.test_stages import _in_process_updates, _rows, _store_rows
 
 pytest.importorskip("deepspeed", reason="needs deepspeed (pip install 'envace[deepspeed]')")
@@ -29,8 +30,12 @@ DS_CONFIG = '{"zero_optimization": {"stage": 2}, "collective_timeout_s": 120}'
 
 
 def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
-    tmp_path: Path, micro: list[str]
+    tmp_path: Path, micro: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Round 1: the TrainJob's command under torchrun. Round 2: `stages.train(processes=2)`,
+    what the pipeline's train step does in a pod with several GPUs."""
+    for key, value in rank_env().items():
+        monkeypatch.setenv(key, value)
     sets = [*micro, "warm_start.enabled=false", "train.lr_schedule=cosine", "train.lr=1e-2"]
     store = str(tmp_path / "store")
     prepared = stages.prepare(load_config(None, sets), store)
@@ -45,13 +50,20 @@ def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
     for it in range(2):
         rows_uri = _store_rows(rows, checkpoint, layout.rollout(it), tmp_path / f"rows{it}")
         out = layout.checkpoint(it)
-        args = stages.train_step_args(checkpoint, rows_uri, out, 2)
-        cmd = torchrun(
-            "--no-python", "envace", "pipeline", "train-step", "--config", str(config_file), *args
-        )
-        proc = run_ranks(cmd)
-        assert proc.returncode == 0, proc.stderr[-6000:]
-        assert "DeepSpeed engine: ZeRO-2, 2 rank(s)" in proc.stderr
+        if it == 0:
+            args = stages.train_step_args(checkpoint, rows_uri, out, 2)
+            cmd = torchrun("--no-python", "envace", "pipeline", "train-step")
+            proc = run_ranks([*cmd, "--config", str(config_file), *args])
+            assert proc.returncode == 0, proc.stderr[-6000:]
+            log = proc.stderr
+        else:
+            lines: list[str] = []
+            trained = stages.train(
+                cfg, checkpoint, rows_uri, out, total_iterations=2, processes=2, emit=lines.append
+            )
+            assert trained.uri == out
+            log = "\n".join(lines)
+        assert "DeepSpeed engine: ZeRO-2, 2 rank(s)" in log
         files = {e.path for e in verify(out, deep=True).files}
         for rank in (0, 1):  # each rank's shard made it into the committed checkpoint
             shard = f"policy/deepspeed/state/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
@@ -78,3 +90,19 @@ def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
         )
     state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
     assert state["iteration"] == 2 and state["engines"]["policy"]["steps"] == 2
+
+
+def test_local_ranks_need_deepspeed_and_report_their_failure(
+    tmp_path: Path, micro: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in rank_env().items():
+        monkeypatch.setenv(key, value)
+    store = tmp_path / "store"
+    with pytest.raises(ConfigError, match=r"needs train\.engine: deepspeed"):
+        stages.train(load_config(None, micro), "c", "r", str(store / "o"), processes=2)
+    cfg = load_config(None, [*micro, "train.engine=deepspeed"])
+    missing = str(store / "no-such-rows")
+    with pytest.raises(stages.StageError, match=r"2 ranks failed \(exit 1\)") as err:
+        stages.train(cfg, str(store / "ckpt"), missing, str(store / "out"), processes=2)
+    assert "no-such-rows" in str(err.value)  # the ranks' own error, in the last lines
+    assert not (store / "out").exists()
