@@ -81,6 +81,10 @@ class RolloutSection:
     grounding: bool = True  # the simulator sees the task's logged real calls and results
     sim_whitelist: Literal["schemas", "names"] = "schemas"
     max_batch_size: int = 64  # generation micro-batch
+    # transformers: the policy's own weights in this process. vllm: a vLLM engine loaded from
+    # the checkpoint, its weights updated after every RL update (docs/scale.md).
+    backend: Literal["transformers", "vllm"] = "transformers"
+    vllm: dict[str, Any] = field(default_factory=dict)  # VLLMOptions fields (backend=vllm)
     # external mode: a frozen checkpoint path, or an OpenAI-compatible endpoint + model name.
     # Default (both None): a frozen copy of the policy as it was when RL started.
     external_model: str | None = None
@@ -291,6 +295,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             "rollout.external_model and rollout.external_endpoint are both set; keep one"
         )
+    if cfg.rollout.vllm:
+        from envace.policy.vllm_backend import VLLMOptions
+
+        VLLMOptions.from_mapping(cfg.rollout.vllm, "rollout.vllm")
     if cfg.train.engine == "deepspeed" and cfg.algo.sharing == "noshare":
         raise ConfigError("algo.sharing: 'noshare' is supported by train.engine 'torch' only")
     return cfg

@@ -76,6 +76,7 @@ from envace.train.engine import TorchEngine, TrainingEngine
 from envace.train.rl import RLTrainer, RoleLearner
 from envace.train.run import (
     RunPaths,
+    close_policy,
     collective_timeout,
     evaluate_model,
     init_model,
@@ -83,6 +84,7 @@ from envace.train.run import (
     model_policy,
     prepare_tasks,
     rollout_config,
+    rollout_policy,
 )
 from envace.train.run import warm_start as run_warm_start
 
@@ -341,7 +343,7 @@ def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> 
     folder = Path(source)
     if not (folder / "policy").is_dir():
         model, tokenizer = load_model_and_tokenizer(source, cfg.model.dtype)
-        return _Checkpoint(uri, model, tokenizer, None, None, CheckpointMeta(0, uri))
+        return _Checkpoint(uri, model, tokenizer, None, None, CheckpointMeta(0, uri), folder)
     model, tokenizer = load_model_and_tokenizer(folder / "policy", cfg.model.dtype)
     simulator = None
     if (folder / "simulator").is_dir():
@@ -354,6 +356,13 @@ def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> 
         state = torch.load(folder / TRAINER_STATE, weights_only=False)
     meta = CheckpointMeta.read(folder, uri)
     return _Checkpoint(uri, model, tokenizer, simulator, state, meta, folder)
+
+
+def _policy_dir(ckpt: _Checkpoint) -> Path | None:
+    """The local Hugging Face folder of the checkpoint's policy (a vLLM engine loads it)."""
+    if ckpt.folder is None or not ckpt.folder.is_dir():
+        return None
+    return ckpt.folder / "policy" if (ckpt.folder / "policy").is_dir() else ckpt.folder
 
 
 def _trains_simulator(cfg: Config) -> bool:
@@ -498,16 +507,20 @@ def rollout(
                 "round before (check the pipeline wiring)"
             )
         sim_policy, _ = _simulator(cfg, ckpt, tmp)
-        trainer = RLTrainer(
-            cfg,
-            splits.train,
-            model_policy(ckpt.policy, ckpt.tokenizer, cfg),
-            [],
-            TaskGrader(),
-            simulator=sim_policy,
-            make_env=make_task_environment if cfg.rollout.mode == "real" else None,
-        )
-        rows, metrics = trainer.collect(iteration)
+        policy = rollout_policy(cfg, ckpt.policy, ckpt.tokenizer, _policy_dir(ckpt))
+        try:
+            trainer = RLTrainer(
+                cfg,
+                splits.train,
+                policy,
+                [],
+                TaskGrader(),
+                simulator=sim_policy,
+                make_env=make_task_environment if cfg.rollout.mode == "real" else None,
+            )
+            rows, metrics = trainer.collect(iteration)
+        finally:
+            close_policy(policy)
         out = tmp / "out"
         write_rows(rows, out)
         meta = {"iteration": iteration, "checkpoint": checkpoint_uri, "tasks": tasks_uri}

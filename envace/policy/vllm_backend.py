@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from envace.errors import EnvaceError
+from envace.errors import ConfigError, EnvaceError
 from envace.policy.types import Generation, SamplingParams
 
 __all__ = ["VLLMBackend", "VLLMError", "VLLMOptions", "VLLMTimeout"]
@@ -71,6 +71,21 @@ class VLLMOptions:
     start_timeout_s: float = 900.0  # engine start (load + warm-up)
     request_timeout_s: float = 1800.0  # one generate or weight reload
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the worker
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], where: str = "rollout.vllm") -> VLLMOptions:
+        """Options from a config mapping; unknown keys and wrong types name the key."""
+        import dataclasses
+
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"{where}.{key}: unknown key; known: {', '.join(sorted(known))}")
+        opts = cls(**dict(raw))
+        util = opts.gpu_memory_utilization
+        if not isinstance(util, int | float) or not 0 < util <= 1:
+            raise ConfigError(f"{where}.gpu_memory_utilization: {util!r} must be in (0, 1]")
+        return opts
 
     def engine_args(self) -> dict[str, Any]:
         args: dict[str, Any] = {
@@ -321,6 +336,12 @@ class VLLMBackend:
         from transformers import AutoTokenizer
 
         self.options = options or VLLMOptions()
+        if self.options.python is not None and not Path(self.options.python).is_file():
+            raise VLLMError(
+                f"rollout.vllm.python: {self.options.python!r} is not a file; name an "
+                "interpreter with vLLM installed (scripts/setup_vllm_cpu.sh builds one), or drop "
+                "it to run vLLM in this process"
+            )
         self.cache_dir = cache_dir
         self.checkpoint = _local_checkpoint(checkpoint, cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.checkpoint))
@@ -391,11 +412,18 @@ class VLLMBackend:
             return
         from safetensors.torch import save_file
 
+        # Tied weights (embed_tokens / lm_head) share storage, which safetensors refuses: keep
+        # the first name of each storage; vLLM ties the other itself, as when loading from disk.
+        seen: set[tuple[int, int]] = set()
+        unique: dict[str, Any] = {}
+        for name, tensor in items:
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if key not in seen:
+                seen.add(key)
+                unique[name] = tensor.detach().contiguous().cpu()
         shm = Path("/dev/shm")
         with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-            save_file(
-                {k: v.detach().contiguous().cpu() for k, v in items}, f"{tmp}/model.safetensors"
-            )
+            save_file(unique, f"{tmp}/model.safetensors")
             assert self._worker is not None
             self._worker.call({"op": "reload", "path": tmp})
 

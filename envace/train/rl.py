@@ -245,7 +245,8 @@ class RLTrainer:
         if not rows:
             return {"rows": 0.0}
         train_rows = [
-            TrainRow(r.prompt_ids, r.response_ids, r.advantage, role=str(r.role)) for r in rows
+            TrainRow(r.prompt_ids, r.response_ids, r.advantage, list(r.logprobs), str(r.role))
+            for r in rows
         ]
         agg = self.cfg.algo.loss_agg_mode
         rank, world = self.dist.rank, self.dist.world_size
@@ -270,6 +271,7 @@ class RLTrainer:
             )
             for mb in mbs
         ]
+        real = len(mbs)
         filler = mbs[0] if mbs else make_micro_batches(ordered[:1], 1, learner.pad_id)[0].to(device)
         missing = int(all_reduce_max(len(mbs))) - len(mbs)
         mbs += [filler] * missing
@@ -277,7 +279,11 @@ class RLTrainer:
         with torch.no_grad():  # old log-probs of the policy that generated the rows
             old = [learner.engine.logprobs(mb).detach() for mb in mbs]
             ref = [self._ref_logprobs(mb) for mb in mbs]
-        stats: dict[str, float] = {"rows": float(total_rows), "tokens": float(total_tokens)}
+        stats: dict[str, float] = {
+            "rows": float(total_rows),
+            "tokens": float(total_tokens),
+            "rollout_logprob_diff": _logprob_gap(mbs[:real], old[:real]),
+        }
         for _ in range(self.cfg.train.ppo_epochs):
             sums: dict[str, float] = {}
             maxima: dict[str, float] = {}
@@ -309,6 +315,23 @@ class RLTrainer:
         from envace.train.batch import token_logprobs
 
         return token_logprobs(self.ref_model, mb).detach()
+
+
+def _logprob_gap(mbs: Sequence[MicroBatch], old: Sequence[torch.Tensor]) -> float:
+    """Mean |log p_trainer - log p_sampler| over the response tokens of all ranks' rows: how
+    far the generating weights (a vLLM engine, or another precision) are from the trained
+    ones. ~0 when the rollout ran on the trainer's own weights at temperature 1."""
+    total, count = 0.0, 0
+    for mb, lp in zip(mbs, old, strict=True):
+        for b, row in enumerate(mb.rows):
+            if not row.old_logprobs or row.extra_spans:
+                continue
+            start, n = len(row.prompt_ids), len(row.response_ids)
+            mine = lp[b, start : start + n].float().cpu()
+            total += float((mine - torch.tensor(row.old_logprobs[:n])).abs().sum())
+            count += n
+    count_all = all_reduce_sum(count)
+    return all_reduce_sum(total) / count_all if count_all else 0.0
 
 
 def _rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:

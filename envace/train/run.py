@@ -197,6 +197,40 @@ def model_policy(model: Any, tokenizer: Any, cfg: Config, trainable: bool = True
     return ModelPolicy(backend, ChatRenderer(tokenizer, cfg.model.enable_thinking), trainable)
 
 
+def rollout_policy(
+    cfg: Config, model: Any, tokenizer: Any, checkpoint_dir: Path | None
+) -> ModelPolicy:
+    """The trainable policy that rolls out: transformers over `model` itself, or
+    (`rollout.backend: vllm`) a vLLM engine loaded from `checkpoint_dir` (close it when done)."""
+    if cfg.rollout.backend == "transformers":
+        return model_policy(model, tokenizer, cfg)
+    from envace.policy.vllm_backend import VLLMBackend, VLLMOptions
+
+    if checkpoint_dir is None:
+        raise ConfigError("rollout.backend: vllm needs a checkpoint folder to start from")
+    backend = VLLMBackend(checkpoint_dir, VLLMOptions.from_mapping(cfg.rollout.vllm))
+    return ModelPolicy(backend, ChatRenderer(tokenizer, cfg.model.enable_thinking), True)
+
+
+def push_weights(policy: Any, engine: TrainingEngine, model: Any) -> float:
+    """After an update: a vLLM policy loads the trained weights in place (a transformers policy
+    already generates with them); the seconds it took."""
+    load = getattr(getattr(policy, "backend", None), "load_weights", None)
+    if load is None:
+        return 0.0
+    t0 = time.perf_counter()
+    full = getattr(engine, "full_state_dict", None)
+    state = full() if full is not None else model.state_dict()
+    load(state.items())
+    return time.perf_counter() - t0
+
+
+def close_policy(policy: Any) -> None:
+    close = getattr(getattr(policy, "backend", None), "close", None)
+    if close is not None:
+        close()
+
+
 def evaluate_model(
     model: Any, tokenizer: Any, cfg: Config, tasks: Sequence[Task], desc: str
 ) -> EvalResult:
@@ -363,6 +397,16 @@ def rl_stage(
 
         sim_model = AutoModelForCausalLM.from_pretrained(resume_from / "simulator")
         sim_policy = model_policy(sim_model, tokenizer, cfg, trainable=True)
+    vllm_dir = None
+    if cfg.rollout.backend == "vllm":
+        if info.distributed:
+            raise ConfigError(
+                "rollout.backend: vllm runs with one training process (each rank would need "
+                "its own engine and the gathered weights); use rollout.backend: transformers "
+                "for multi-process runs"
+            )
+        vllm_dir = paths.checkpoints / "rollout_start"  # the engine's first weights
+        TorchEngine(model, 1.0).save_model(vllm_dir, tokenizer)
     pad = ChatRenderer(tokenizer).pad_id
     engines = [("policy", model, _engine(cfg, model))]
     if sim_model is not None:
@@ -388,10 +432,45 @@ def rl_stage(
         start = int(state["iteration"])
         logger.truncate_after(start)
         log.info("resumed RL from %s at iteration %d", resume_from, start)
+    policy = rollout_policy(cfg, model, tokenizer, vllm_dir)
+    try:
+        return _rl_loop(
+            cfg,
+            paths,
+            model,
+            tokenizer,
+            splits,
+            logger,
+            eval_hook,
+            start,
+            engines,
+            learners,
+            policy,
+            sim_policy,
+        )
+    finally:
+        close_policy(policy)
+
+
+def _rl_loop(
+    cfg: Config,
+    paths: RunPaths,
+    model: Any,
+    tokenizer: Any,
+    splits: TaskSplits,
+    logger: MetricsLogger | NullLogger,
+    eval_hook: Callable[[Any], float] | None,
+    start: int,
+    engines: list[tuple[str, Any, TrainingEngine]],
+    learners: list[RoleLearner],
+    policy: ModelPolicy,
+    sim_policy: Policy | None,
+) -> tuple[Any, list[dict[str, Any]], TrainingEngine]:
+    info = dist_info()
     trainer = RLTrainer(
         cfg,
         splits.train,
-        model_policy(model, tokenizer, cfg),
+        policy,
         learners,
         TaskGrader(),
         simulator=sim_policy,
@@ -411,6 +490,7 @@ def rl_stage(
     )
     for it in bar:
         rec = trainer.iteration(it)
+        rec["time/weight_sync_s"] = push_weights(policy, engines[0][2], model)
         if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
             with trainer.generation_ready():
                 if info.is_main:
