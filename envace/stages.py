@@ -765,45 +765,22 @@ def train_step_args(
     ]
 
 
-def _trainjob_body(spec: Any, uris: tuple[str, str, str], horizon: int) -> dict[str, Any]:
-    from envace.cluster.trainjob import JOB_CONFIG_PATH, build_trainjob
-
-    body = build_trainjob(spec)
-    trainer = body["spec"]["trainer"]
-    trainer["command"] = list(TRAIN_STEP_COMMAND)
-    trainer["args"] = ["--config", JOB_CONFIG_PATH, *train_step_args(*uris, horizon)]
-    return body
-
-
 def _create_or_follow_existing(
-    client: Any, spec: Any, body: dict[str, Any], text: str, emit: Callable[[str], None]
+    client: Any, spec: Any, text: str, emit: Callable[[str], None]
 ) -> None:
     """Create the TrainJob and its config ConfigMap; a TrainJob of that name already there is
     this step's, from an earlier attempt of it: follow that one."""
     from kubernetes.client.exceptions import ApiException
 
-    from envace.cluster.submit import ClusterError, api_errors
-    from envace.cluster.trainjob import GROUP, PLURAL, VERSION, build_config_map
+    from envace.cluster.submit import ClusterError
 
-    where = f"{client.namespace}/{spec.name}"
     try:
-        with api_errors(f"creating TrainJob {where}", client.host):
-            created = client.custom.create_namespaced_custom_object(
-                GROUP, VERSION, client.namespace, PLURAL, body, _request_timeout=30
-            )
+        client.create(spec, text)
     except ClusterError as exc:
         if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 409:
+            where = f"{client.namespace}/{spec.name}"
             emit(f"{where}: exists already (an earlier attempt of this step); following it")
             return
-        raise
-    config_map = build_config_map(spec, text, owner=created)
-    try:
-        with api_errors(f"creating ConfigMap {config_map['metadata']['name']}", client.host):
-            client.core.create_namespaced_config_map(
-                client.namespace, config_map, _request_timeout=30
-            )
-    except ClusterError:
-        client.delete(spec.name)
         raise
 
 
@@ -847,7 +824,7 @@ def _train_with_trainjob(
     emit: Callable[[str], None],
 ) -> Trained:
     from envace.cluster.submit import TrainJobClient, connect, follow
-    from envace.cluster.trainjob import TrainJobSpec
+    from envace.cluster.trainjob import JOB_CONFIG_PATH, TrainJobSpec
 
     out_uri = uris[2]
     if cfg.train.engine != "deepspeed":
@@ -870,9 +847,10 @@ def _train_with_trainjob(
         runtime=launch.runtime,
         image=launch.image,
         store=out_uri,
+        command=TRAIN_STEP_COMMAND,
+        args=("--config", JOB_CONFIG_PATH, *train_step_args(*uris, horizon)),
     )
-    body = _trainjob_body(spec, uris, horizon)
-    _create_or_follow_existing(client, spec, body, config_text(cfg), emit)
+    _create_or_follow_existing(client, spec, config_text(cfg), emit)
     state = follow(
         client, spec.name, interval=launch.poll_interval_s, emit=emit, timeout=launch.timeout_s
     )

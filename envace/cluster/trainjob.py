@@ -107,6 +107,10 @@ class TrainJobSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Toleration] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # The nodes' command and arguments; None: `torchrun --no-python envace train` with the
+    # arguments of the spec (config, store, run name, resume). The pipeline's train step sets both.
+    command: Sequence[str] | None = None
+    args: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
@@ -232,8 +236,8 @@ def _pod_patch(spec: TrainJobSpec, config_map: str) -> dict[str, Any]:
 def build_trainjob(spec: TrainJobSpec) -> dict[str, Any]:
     """The TrainJob object for spec (what `create_namespaced_custom_object` sends)."""
     trainer: dict[str, Any] = {
-        "command": ["torchrun", "--no-python", "envace", "train"],
-        "args": _train_args(spec),
+        "command": list(spec.command or ("torchrun", "--no-python", "envace", "train")),
+        "args": list(spec.args) if spec.args is not None else _train_args(spec),
         "numNodes": spec.nodes,
         "numProcPerNode": spec.processes_per_node,
     }
