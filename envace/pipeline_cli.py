@@ -391,6 +391,10 @@ def _train_step(args: argparse.Namespace) -> int:
         args.out,
         total_iterations=args.total_iterations,
     )
+    from envace.train.distributed import shutdown
+    from envace.train.run import collective_timeout
+
+    shutdown(collective_timeout(cfg))  # every rank leaves the process group cleanly
     print(f"committed {trained.uri}")
     return 0
 

@@ -55,12 +55,21 @@ def register(sub: Any) -> None:
     train.set_defaults(func=_train)
 
 
+def _shutdown(cfg: Any) -> None:
+    """A finished job leaves its process group cleanly (every rank, after the last one)."""
+    from envace.train.distributed import shutdown
+    from envace.train.run import collective_timeout
+
+    shutdown(collective_timeout(cfg))
+
+
 def _run(args: argparse.Namespace) -> int:
     from envace.config import load_config
     from envace.train.run import run_main
 
     cfg = load_config(args.config, args.overrides)
     run_main(cfg, args.out, store=args.store, resume=args.resume)
+    _shutdown(cfg)
     return 0
 
 
@@ -80,4 +89,5 @@ def _train(args: argparse.Namespace) -> int:
             "set train.engine: deepspeed for multi-process jobs"
         )
     run_main(cfg, work, store=store, resume=args.resume)
+    _shutdown(cfg)
     return 0

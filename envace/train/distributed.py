@@ -47,6 +47,7 @@ __all__ = [
     "launch",
     "partition",
     "shard",
+    "shutdown",
 ]
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,15 @@ def _reduce(value: float, op: Any) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op)
     return float(t.item())
+
+
+def shutdown(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """End of a successful job: wait for every rank, then destroy the process group, so no
+    rank exits while a peer still talks to it and no communication thread outlives Python."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    barrier("shutdown", timeout_s)
+    dist.destroy_process_group()
 
 
 def all_reduce_mean(value: float) -> float:

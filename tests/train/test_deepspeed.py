@@ -146,11 +146,12 @@ def _run_variant(name: str, init: Path, out: Path) -> dict[str, Any]:
 
 
 def worker(init: Path, out: Path, names: Sequence[str]) -> None:
-    from envace.train.distributed import dist_info
+    from envace.train.distributed import dist_info, shutdown
 
     results = {name: _run_variant(name, init, out) for name in names}
     if dist_info().is_main:
         (out / "results.json").write_text(json.dumps(results))
+    shutdown(120)
 
 
 def failing_worker(mode: str, out: Path) -> None:

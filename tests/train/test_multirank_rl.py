@@ -72,7 +72,7 @@ def worker(data: Path, out: Path, stages: list[int]) -> None:
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
     from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions, load_pretrained
-    from envace.train.distributed import dist_info, gather_objects
+    from envace.train.distributed import dist_info, gather_objects, shutdown
     from envace.train.rl import RLTrainer, RoleLearner
     from envace.train.run import load_splits, model_policy
 
@@ -103,6 +103,7 @@ def worker(data: Path, out: Path, stages: list[int]) -> None:
             }
     if dist_info().is_main:
         (out / "results.json").write_text(json.dumps(results))
+    shutdown(120)
 
 
 # --- test side --------------------------------------------------------------------------------
