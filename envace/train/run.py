@@ -605,6 +605,8 @@ def _start(cfg: Config, out: Path, store: str | None, resume: bool, info: DistIn
         _restore_history(paths, resume_from)
     if resume_from is None and first_on_node:
         prepare_tasks(cfg, paths)
+    if resume_from is None and info.is_main:  # a fresh run starts a fresh metric history
+        (out / "metrics.jsonl").unlink(missing_ok=True)
     _wait_for_all(cfg, "tasks and resume point")
     splits = load_splits(paths.tasks)
     if resume_from is None:

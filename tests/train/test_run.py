@@ -53,6 +53,10 @@ def test_run_writes_every_artifact(tmp_path: Path, capsys: pytest.CaptureFixture
         )
         == 0
     )
+    # a fresh run (no --resume) into the same folder starts a fresh metric history
+    again = [*args, "--set", "train.iterations=1", "--set", "warm_start.enabled=false"]
+    assert main(again) == 0
+    assert [r["iteration"] for r in _lines(out / "metrics.jsonl")] == [1]
 
 
 @pytest.mark.slow
