@@ -17,13 +17,12 @@ State (also the `initial_state` format; optional keys default to empty):
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from envace.envs.base import tool_error
-from envace.envs.schema_check import ToolTable, check_state_shape, function_tool
+from envace.envs.document import DocumentWorld, Handler
+from envace.envs.schema_check import function_tool
 from envace.envs.state import next_opaque_id
-from envace.errors import UserInputError
 
 __all__ = ["BankWorld"]
 
@@ -148,45 +147,28 @@ def _reference_problems(state: dict[str, Any]) -> list[str]:
     return problems
 
 
-class BankWorld:
+class BankWorld(DocumentWorld):
     """The executable bank (see the module docstring for the rules and the state format)."""
 
-    name: str = "bank"
+    name = "bank"
+    TOOLS = _TOOLS
+    STATE_SCHEMA = _STATE_SCHEMA
+    RULE = "every account owner, transfer end and session customer must exist"
 
-    def __init__(self) -> None:
-        self._state = _empty_state()
-        self._table = ToolTable(
-            self.name,
-            _TOOLS,
-            {
-                "authenticate": self._authenticate,
-                "list_accounts": self._list_accounts,
-                "get_balance": self._get_balance,
-                "transfer": self._transfer,
-                "get_transactions": self._get_transactions,
-            },
-        )
+    def empty_state(self) -> dict[str, Any]:
+        return _empty_state()
 
-    def tools(self) -> list[dict[str, Any]]:
-        return self._table.schemas()
+    def problems(self, state: dict[str, Any]) -> list[str]:
+        return _reference_problems(state)
 
-    def reset(self, initial_state: dict[str, Any]) -> None:
-        check_state_shape(self.name, _STATE_SCHEMA, initial_state)
-        state = _empty_state()
-        state.update(copy.deepcopy(initial_state))
-        problems = _reference_problems(state)
-        if problems:
-            raise UserInputError(
-                f"bank initial_state is inconsistent: {'; '.join(problems)}; "
-                "every account owner, transfer end and session customer must exist"
-            )
-        self._state = state
-
-    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return self._table.call(name, arguments)
-
-    def snapshot(self) -> dict[str, Any]:
-        return copy.deepcopy(self._state)
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "authenticate": self._authenticate,
+            "list_accounts": self._list_accounts,
+            "get_balance": self._get_balance,
+            "transfer": self._transfer,
+            "get_transactions": self._get_transactions,
+        }
 
     # Handlers: arguments have passed the tool's schema.
 

@@ -13,13 +13,12 @@ State (also the `initial_state` format; optional keys default to empty):
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from envace.envs.base import tool_error
-from envace.envs.schema_check import ToolTable, check_state_shape, function_tool
+from envace.envs.document import DocumentWorld, Handler
+from envace.envs.schema_check import function_tool
 from envace.envs.state import next_opaque_id
-from envace.errors import UserInputError
 
 __all__ = ["InventoryWorld"]
 
@@ -111,45 +110,28 @@ def _state_problems(state: dict[str, Any]) -> list[str]:
     return problems
 
 
-class InventoryWorld:
+class InventoryWorld(DocumentWorld):
     """The executable shop (see the module docstring for the rules and the state format)."""
 
-    name: str = "inventory"
+    name = "inventory"
+    TOOLS = _TOOLS
+    STATE_SCHEMA = _STATE_SCHEMA
+    RULE = "orders must name existing skus and item names must be unique"
 
-    def __init__(self) -> None:
-        self._state = _empty_state()
-        self._table = ToolTable(
-            self.name,
-            _TOOLS,
-            {
-                "find_item": self._find_item,
-                "get_stock": self._get_stock,
-                "create_order": self._create_order,
-                "cancel_order": self._cancel_order,
-                "restock": self._restock,
-            },
-        )
+    def empty_state(self) -> dict[str, Any]:
+        return _empty_state()
 
-    def tools(self) -> list[dict[str, Any]]:
-        return self._table.schemas()
+    def problems(self, state: dict[str, Any]) -> list[str]:
+        return _state_problems(state)
 
-    def reset(self, initial_state: dict[str, Any]) -> None:
-        check_state_shape(self.name, _STATE_SCHEMA, initial_state)
-        state = _empty_state()
-        state.update(copy.deepcopy(initial_state))
-        problems = _state_problems(state)
-        if problems:
-            raise UserInputError(
-                f"inventory initial_state is inconsistent: {'; '.join(problems)}; "
-                "orders must name existing skus and item names must be unique"
-            )
-        self._state = state
-
-    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return self._table.call(name, arguments)
-
-    def snapshot(self) -> dict[str, Any]:
-        return copy.deepcopy(self._state)
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "find_item": self._find_item,
+            "get_stock": self._get_stock,
+            "create_order": self._create_order,
+            "cancel_order": self._cancel_order,
+            "restock": self._restock,
+        }
 
     # Handlers: arguments have passed the tool's schema.
 
