@@ -111,16 +111,19 @@ _RL_SMALL = [
     "rollout.max_steps_per_turn=2",
 ]
 
+# compile_layers on: the configuration configs/gpu-1.yaml uses
+_GPU_COMPILED = [
+    TrainCase("qwen3-0.6b", 8, 2048, compile=True),
+    TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
+    TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True, compile=True),
+    TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
+]
+
 PLANS = {
     "gpu": Plan(
         device="cuda",
         dtype="bfloat16",
-        train=[  # compile_layers on: the configuration configs/gpu-1.yaml uses
-            TrainCase("qwen3-0.6b", 8, 2048, compile=True),
-            TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
-            TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True, compile=True),
-            TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
-        ],
+        train=_GPU_COMPILED,
         # the eager engine for comparison, after decode and the RL iteration
         train_late=[TrainCase("qwen3-0.6b", 8, 2048), TrainCase("qwen3-0.6b", 16, 4096, True)],
         decode=[DecodeCase("qwen3-0.6b", 64, 512, 256), DecodeCase("qwen3-0.6b", 256, 512, 128)],
@@ -141,13 +144,7 @@ PLANS = {
     "gpu-variants": Plan(
         device="cuda",
         dtype="bfloat16",
-        train=[
-            TrainCase("qwen3-0.6b", 8, 2048, compile=True),
-            TrainCase("qwen3-0.6b", 16, 4096, checkpointing=True, compile=True),
-            TrainCase("qwen3-1.7b", 8, 2048, checkpointing=True, compile=True),
-            TrainCase("qwen3-1.7b", 16, 4096, checkpointing=True, compile=True),
-            TrainCase("qwen3-0.6b", 8, 2048, compile=True, zero=1),
-        ],
+        train=[*_GPU_COMPILED, TrainCase("qwen3-0.6b", 8, 2048, compile=True, zero=1)],
         decode=[],
         engines=("deepspeed",),
         warmup=2,

@@ -391,10 +391,9 @@ def _train_step(args: argparse.Namespace) -> int:
         args.out,
         total_iterations=args.total_iterations,
     )
-    from envace.train.distributed import shutdown
-    from envace.train.run import collective_timeout
+    from envace.train.run import leave_job
 
-    shutdown(collective_timeout(cfg))  # every rank leaves the process group cleanly
+    leave_job(cfg)
     print(f"committed {trained.uri}")
     return 0
 

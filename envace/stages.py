@@ -83,6 +83,7 @@ from envace.train.run import (
     load_splits,
     model_policy,
     prepare_tasks,
+    require_data_parallel,
     rollout_config,
     rollout_policy,
 )
@@ -277,7 +278,8 @@ def _commit(local: Path, uri: str) -> str:
 def _commit_from_ranks(local: Path, uri: str, timeout_s: float) -> str:
     """Commit `uri` from every rank of a training job: each uploads its own files (its
     DeepSpeed shard; rank 0 also the weights and metadata), rank 0 writes the manifest over
-    all of them once every rank is done. Works across nodes: nothing needs a shared disk."""
+    all of them once every rank is done. Works across nodes: nothing needs a shared disk. In a
+    world of one this is `commit_dir`."""
     from envace.train.distributed import barrier, dist_info, gather_objects
 
     main = dist_info().is_main
@@ -598,11 +600,7 @@ def _train_with_local_ranks(
     import subprocess
     import sys
 
-    if cfg.train.engine != "deepspeed":
-        raise ConfigError(
-            f"a train step on {processes} processes needs train.engine: deepspeed, not "
-            f"{cfg.train.engine!r}"
-        )
+    require_data_parallel(cfg, f"a train step on {processes} processes")
     with _scratch() as tmp:
         config = tmp / "config.yaml"
         config.write_text(config_text(cfg), encoding="utf-8")
@@ -628,11 +626,8 @@ def _train_with_local_ranks(
 
 def _check_world(cfg: Config) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and cfg.train.engine != "deepspeed":
-        raise ConfigError(
-            f"train.engine: 'torch' runs on one process but WORLD_SIZE={world}; "
-            "set train.engine: deepspeed for multi-process train steps"
-        )
+    if world > 1:
+        require_data_parallel(cfg, f"WORLD_SIZE={world}")
 
 
 def _read_rows_for(checkpoint_uri: str, trajectories_uri: str, dest: Path) -> list[Any]:
@@ -674,9 +669,7 @@ def _restore_engine(engine: TrainingEngine, name: str, ckpt: _Checkpoint) -> Non
     saved = ckpt.state["engines"][name]
     load_checkpoint = getattr(engine, "load_checkpoint", None)
     has_ds_state = ckpt.folder is not None and (ckpt.folder / name / "deepspeed").is_dir()
-    if (load_checkpoint is not None) != has_ds_state or (
-        load_checkpoint is None and "optimizer" not in saved
-    ):
+    if (load_checkpoint is not None) != has_ds_state:
         raise ConfigError(
             f"{ckpt.uri}: its optimizer state was written by another train.engine than "
             "this step's; keep train.engine the same for every round of a run"
@@ -712,14 +705,10 @@ def _train_here(
         iteration = ckpt.meta.iteration + 1
         for name, _model, engine in engines:
             engine.save_model(out / name, ckpt.tokenizer)  # collective with DeepSpeed
-        info = dist_info()
-        if info.distributed:
-            if info.is_main:
-                _write_train_outputs(out, engines, iteration, ckpt, trajectories_uri, metrics)
-            out.mkdir(parents=True, exist_ok=True)
-            return Trained(_commit_from_ranks(out, out_uri, collective_timeout(cfg)), metrics)
-        _write_train_outputs(out, engines, iteration, ckpt, trajectories_uri, metrics)
-        return Trained(_commit(out, out_uri), metrics)
+        if dist_info().is_main:
+            _write_train_outputs(out, engines, iteration, ckpt, trajectories_uri, metrics)
+        out.mkdir(parents=True, exist_ok=True)  # a rank may have nothing else to write
+        return Trained(_commit_from_ranks(out, out_uri, collective_timeout(cfg)), metrics)
 
 
 def _write_train_outputs(
@@ -827,11 +816,7 @@ def _train_with_trainjob(
     from envace.cluster.trainjob import JOB_CONFIG_PATH, TrainJobSpec
 
     out_uri = uris[2]
-    if cfg.train.engine != "deepspeed":
-        raise ConfigError(
-            f"train with nodes > 1 runs one process per GPU, which train.engine: "
-            f"{cfg.train.engine!r} cannot; set train.engine: deepspeed"
-        )
+    require_data_parallel(cfg, "train with nodes > 1 (one process per GPU)")
     if not _is_remote(out_uri):
         raise UserInputError(
             f"train with nodes > 1 writes {out_uri} from TrainJob pods, which cannot reach a "

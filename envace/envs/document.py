@@ -8,6 +8,7 @@ validation, dispatch and snapshots are shared here.
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -19,7 +20,7 @@ __all__ = ["DocumentWorld"]
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-class DocumentWorld:
+class DocumentWorld(ABC):
     """`Environment` over one JSON state document; see the module docstring."""
 
     name: str
@@ -32,16 +33,17 @@ class DocumentWorld:
         self._table = ToolTable(self.name, self.TOOLS, self.handlers())
 
     # --- what a subclass gives -----------------------------------------------------------------
+    @abstractmethod
     def empty_state(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The state with no entities (defaults for keys an initial state may leave out)."""
 
     def problems(self, state: dict[str, Any]) -> list[str]:
         """Cross-references the shape schema cannot express; empty when consistent."""
         return []
 
+    @abstractmethod
     def handlers(self) -> dict[str, Handler]:
         """Tool name -> handler; arguments reach a handler after passing the tool's schema."""
-        raise NotImplementedError
 
     # --- the Environment interface -------------------------------------------------------------
     def tools(self) -> list[dict[str, Any]]:

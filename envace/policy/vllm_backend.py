@@ -74,10 +74,10 @@ class VLLMOptions:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str = "rollout.vllm") -> VLLMOptions:
-        """Options from a config mapping; unknown keys and wrong types name the key."""
+        """Options from a config mapping; unknown keys and a bad memory share name the key."""
         import dataclasses
 
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}
         for key in raw:
             if key not in known:
                 raise ConfigError(f"{where}.{key}: unknown key; known: {', '.join(sorted(known))}")

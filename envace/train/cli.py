@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -55,39 +54,24 @@ def register(sub: Any) -> None:
     train.set_defaults(func=_train)
 
 
-def _shutdown(cfg: Any) -> None:
-    """A finished job leaves its process group cleanly (every rank, after the last one)."""
-    from envace.train.distributed import shutdown
-    from envace.train.run import collective_timeout
-
-    shutdown(collective_timeout(cfg))
-
-
 def _run(args: argparse.Namespace) -> int:
     from envace.config import load_config
-    from envace.train.run import run_main
+    from envace.train.run import leave_job, run_main
 
     cfg = load_config(args.config, args.overrides)
     run_main(cfg, args.out, store=args.store, resume=args.resume)
-    _shutdown(cfg)
+    leave_job(cfg)
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
     from envace.config import load_config
     from envace.storage.uri import join_uri
-    from envace.train.run import run_main
+    from envace.train.run import leave_job, run_main
 
     cfg = load_config(args.config, args.overrides)
     work = args.work_dir or Path("runs") / args.run_name
     store = join_uri(args.store, args.run_name) if args.store else None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and cfg.train.engine != "deepspeed":
-        from envace.errors import ConfigError
-
-        raise ConfigError(
-            f"train.engine: 'torch' runs on one process but WORLD_SIZE={os.environ['WORLD_SIZE']}; "
-            "set train.engine: deepspeed for multi-process jobs"
-        )
-    run_main(cfg, work, store=store, resume=args.resume)
-    _shutdown(cfg)
+    run_main(cfg, work, store=store, resume=args.resume)  # refuses torch with WORLD_SIZE > 1
+    leave_job(cfg)
     return 0

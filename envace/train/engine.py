@@ -33,7 +33,13 @@ class TrainingEngine(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def save_model(self, out_dir: Path, tokenizer: Any) -> None: ...
+    def save_model(self, out_dir: Path, tokenizer: Any) -> None:
+        """Weights + tokenizer, plus any engine state kept beside them (collective)."""
+        ...
+
+    def save_weights(self, out_dir: Path, tokenizer: Any) -> None:
+        """Hugging Face weights + tokenizer only (collective): a final or exported model."""
+        ...
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Any:

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,11 +53,22 @@ from envace.train.distributed import (
 )
 from envace.train.engine import TrainingEngine
 
-__all__ = ["RLTrainer", "iteration_seed", "sample_tasks"]
+__all__ = ["RLTrainer", "generation_ready", "iteration_seed", "sample_tasks"]
 
 log = logging.getLogger(__name__)
 
 _MAX_STATS = ("ratio_max",)  # per-token maxima: reduced by max over micro-batches and ranks
+
+
+@contextlib.contextmanager
+def generation_ready(engines: Iterable[TrainingEngine]) -> Iterator[None]:
+    """The engines' weights ready for generation on every rank (gathered under ZeRO-3)."""
+    with contextlib.ExitStack() as stack:
+        for engine in engines:
+            ctx = getattr(engine, "generation_context", None)
+            if ctx is not None:
+                stack.enter_context(ctx())
+        yield
 
 
 def iteration_seed(seed: int, iteration: int) -> int:
@@ -196,15 +207,9 @@ class RLTrainer:
             "throughput/generated_tokens": sum(len(r.response_ids) for t in trajs for r in t.rows),
         }
 
-    @contextlib.contextmanager
-    def generation_ready(self) -> Iterator[None]:
-        """Weights ready for generation on every engine (gathered under ZeRO-3)."""
-        with contextlib.ExitStack() as stack:
-            for learner in self.learners:
-                ctx = getattr(learner.engine, "generation_context", None)
-                if ctx is not None:
-                    stack.enter_context(ctx())
-            yield
+    def generation_ready(self) -> contextlib.AbstractContextManager[None]:
+        """Every learner's weights ready for generation (gathered under ZeRO-3)."""
+        return generation_ready(learner.engine for learner in self.learners)
 
     def _advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Row], dict[str, float]]:
         a = self.cfg.algo
@@ -298,7 +303,7 @@ class RLTrainer:
                 )
                 learner.engine.backward(loss * w)
                 for k, v in s.items():
-                    if k.endswith("_max"):
+                    if k in _MAX_STATS:
                         if w > 0:
                             maxima[k] = max(maxima.get(k, float("-inf")), float(v))
                     elif k != "tokens":  # the batch's token count is already in stats

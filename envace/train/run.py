@@ -18,7 +18,6 @@ shard there and rank 0 commits the directory).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -44,14 +43,14 @@ from envace.rollout.policies import ModelPolicy, Policy
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
 from envace.train.distributed import (
-    DEFAULT_TIMEOUT_S,
     DistInfo,
     barrier,
     dist_info,
     init_process_group,
+    shutdown,
 )
 from envace.train.engine import TorchEngine, TrainingEngine
-from envace.train.rl import RLTrainer, RoleLearner
+from envace.train.rl import RLTrainer, RoleLearner, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
 from envace.train.tracking import MetricsLogger, NullLogger, plot_progress
 
@@ -330,8 +329,8 @@ def _save_rl_checkpoint(
     ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
     for name, _model, engine in learners:
         engine.save_model(ckpt / name, tokenizer)
-    if not paths.writes:
-        return paths.commit(ckpt)
+    if not paths.writes:  # rank 0 writes the trainer state and commits
+        return paths.store_uri(ckpt)
     state = {
         "iteration": it,
         "engines": {name: engine.state_dict() for name, _m, engine in learners},
@@ -520,23 +519,34 @@ def _stage_metrics(result: EvalResult) -> dict[str, Any]:
     }
 
 
+def require_data_parallel(cfg: Config, where: str) -> None:
+    """Several processes need the DeepSpeed engine: the torch engine trains one."""
+    if cfg.train.engine != "deepspeed":
+        raise ConfigError(
+            f"{where} needs train.engine: deepspeed ({cfg.train.engine!r} trains one process); "
+            "set train.engine: deepspeed, or start one process"
+        )
+
+
 def _join_job(cfg: Config) -> DistInfo:
     """This process's place in a torchrun job; joins the process group when there are ranks."""
     info = dist_info()
     if not info.distributed:
         return info
-    if cfg.train.engine != "deepspeed":
-        raise ConfigError(
-            f"train.engine: {cfg.train.engine!r} trains one process, but WORLD_SIZE="
-            f"{info.world_size}; set train.engine: deepspeed (or start one process)"
-        )
+    require_data_parallel(cfg, f"WORLD_SIZE={info.world_size}")
     return init_process_group(timeout_s=collective_timeout(cfg))
 
 
 def collective_timeout(cfg: Config) -> float:
     """Deadline of every collective wait (train.deepspeed_config.collective_timeout_s)."""
-    raw = cfg.train.deepspeed_config.get("collective_timeout_s", DEFAULT_TIMEOUT_S)
-    return float(raw)
+    from envace.train.deepspeed_engine import split_deepspeed_config
+
+    return split_deepspeed_config(cfg.train.deepspeed_config)[2]
+
+
+def leave_job(cfg: Config) -> None:
+    """A finished job leaves its process group cleanly (every rank, after the last one)."""
+    shutdown(collective_timeout(cfg))
 
 
 def _wait_for_all(cfg: Config, what: str) -> None:
@@ -566,20 +576,15 @@ def _initial_model(
     from envace.policy.hf_backend import load_model_and_tokenizer
 
     init_dir = paths.checkpoints / "init"
-    if cfg.model.path is not None or info.local_rank == 0:
+    builds = cfg.model.path is not None or info.local_rank == 0
+    if builds:
         model, tokenizer = init_model(cfg, splits, init_dir)
-        _wait_for_all(cfg, "initial checkpoint")
-    else:
-        _wait_for_all(cfg, "initial checkpoint")
+    _wait_for_all(cfg, "initial checkpoint")
+    if not builds:
         model, tokenizer = load_model_and_tokenizer(init_dir, cfg.model.dtype)
     if init_dir.is_dir():
         paths.commit(init_dir)
     return model, tokenizer
-
-
-def _generation(engine: TrainingEngine) -> Any:
-    ctx = getattr(engine, "generation_context", None)
-    return ctx() if ctx is not None else contextlib.nullcontext()
 
 
 @dataclass
@@ -664,16 +669,12 @@ def run_main(
     finally:
         logger.close()
     if cfg.train.iterations > 0:
-        with _generation(engine):
+        with generation_ready([engine]):
             if main:
                 record("rl", model, "after RL")
         _wait_for_all(cfg, "evaluation after RL")
     final = paths.checkpoints / "final"
-    save_weights = getattr(engine, "save_weights", None)
-    if save_weights is not None:  # collective under ZeRO-3 (gathers the shards)
-        save_weights(final, tokenizer)
-    else:
-        TorchEngine(model, 1.0).save_model(final, tokenizer)
+    engine.save_weights(final, tokenizer)  # collective under ZeRO-3 (gathers the shards)
     if not main:
         return {"rank": info.rank}
     paths.commit(final)
