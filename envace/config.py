@@ -81,6 +81,9 @@ class RolloutSection:
     grounding: bool = True  # the simulator sees the task's logged real calls and results
     sim_whitelist: Literal["schemas", "names"] = "schemas"
     max_batch_size: int = 64  # generation micro-batch
+    # transformers backend: static (static KV cache; the step a CUDA graph on GPU), generate
+    # (transformers' model.generate), auto (static where the model supports it)
+    decode: Literal["auto", "generate", "static"] = "auto"
     # transformers: the policy's own weights in this process. vllm: a vLLM engine loaded from
     # the checkpoint, its weights updated after every RL update (docs/scale.md).
     backend: Literal["transformers", "vllm"] = "transformers"

@@ -4,7 +4,9 @@ Prompts are token ids; outputs are the sampled ids with their log-probabilities 
 sampling distribution (after temperature / top-k / top-p), cut after the first end-of-turn id.
 Prompts are sorted by length and left-padded in micro-batches, so padding waste stays small.
 
-The log-probabilities are taken step by step by the last logits processor (`_LogprobRecorder`,
+Two decoders: `static` (default where the model allows it) runs our own loop over a static KV
+cache, its one-token step replayed as a CUDA graph on GPU (envace/policy/static_decode.py);
+`generate` calls transformers' `model.generate`. With `generate`, the log-probabilities are taken step by step by the last logits processor (`_LogprobRecorder`,
 after our own temperature / top-k / top-p warpers), so only one (batch x vocabulary) row of
 scores exists at a time: `output_scores` would keep all of them (20 GB at batch 256 x 128 new
 tokens with a 151,936-token vocabulary).
@@ -15,13 +17,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from envace.policy.static_decode import StaticDecoder, static_decode_supported
 from envace.policy.types import Generation, SamplingParams
 
-__all__ = ["TransformersBackend", "load_model_and_tokenizer"]
+__all__ = ["DecodeMode", "TransformersBackend", "load_model_and_tokenizer", "resolve_decode"]
+
+DecodeMode = Literal["auto", "generate", "static"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,21 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32") -> tuple[
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return model, tokenizer
+
+
+def resolve_decode(mode: str, model: Any) -> str:
+    """`generate` (transformers' `model.generate`) or `static` (our static-cache loop, the step
+    a CUDA graph on CUDA; envace/policy/static_decode.py). `auto`: static where the model
+    supports it (sdpa/eager attention, full-attention layers), else generate. On the CPU the
+    two sample the same tokens (static a little faster: docs/benchmarks.md)."""
+    if mode not in ("auto", "generate", "static"):
+        raise ValueError(f"decode mode {mode!r}: use auto, generate or static")
+    why = static_decode_supported(model)
+    if mode == "static" and why is not None:
+        raise ValueError(f"decode: static is not available: {why}; use decode: generate")
+    if mode == "auto":
+        return "static" if why is None else "generate"
+    return mode
 
 
 class _LogprobRecorder:
@@ -59,9 +79,10 @@ class _LogprobRecorder:
         return torch.stack(self.taken, dim=1)
 
 
-def _processors(params: SamplingParams, recorder: _LogprobRecorder) -> Any:
-    """Temperature, top-k, top-p in transformers' order, then the recorder. Ours, so that the
-    recorder runs last (transformers appends its own warpers after custom processors)."""
+def _processors(params: SamplingParams, recorder: Any = None) -> Any:
+    """Temperature, top-k, top-p in transformers' order, then the recorder if any. Ours, so
+    that the recorder runs last (transformers appends its own warpers after custom processors).
+    Greedy (temperature <= 0) keeps the raw scores."""
     from transformers.generation.logits_process import (
         LogitsProcessorList,
         TemperatureLogitsWarper,
@@ -70,21 +91,26 @@ def _processors(params: SamplingParams, recorder: _LogprobRecorder) -> Any:
     )
 
     out: list[Any] = []
-    if params.temperature <= 0:  # greedy: the recorder sees the raw scores
-        return LogitsProcessorList([recorder])
-    if params.temperature != 1.0:
-        out.append(TemperatureLogitsWarper(params.temperature))
-    if params.top_k > 0:
-        out.append(TopKLogitsWarper(top_k=params.top_k))
-    if params.top_p < 1.0:
-        out.append(TopPLogitsWarper(top_p=params.top_p))
-    return LogitsProcessorList([*out, recorder])
+    if params.temperature > 0:
+        if params.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k > 0:
+            out.append(TopKLogitsWarper(top_k=params.top_k))
+        if params.top_p < 1.0:
+            out.append(TopPLogitsWarper(top_p=params.top_p))
+    return LogitsProcessorList([*out, recorder] if recorder is not None else out)
 
 
 class TransformersBackend:
     """`GenerationBackend` over a causal LM already in memory (shared with the trainer)."""
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_batch_size: int = 64,
+        decode: DecodeMode = "auto",
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id: int = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
@@ -92,6 +118,10 @@ class TransformersBackend:
         self.pad_id: int = int(pad) if pad is not None else self.eos_id
         self.max_batch_size = max_batch_size
         self.generated_tokens = 0  # running counter for throughput metrics
+        self.decode = resolve_decode(decode, model)
+        self.static: StaticDecoder | None = None
+        if self.decode == "static":
+            self.static = StaticDecoder(model, self.eos_id, self.pad_id)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -136,6 +166,12 @@ class TransformersBackend:
             # Layers compiled for training (compile_layers) would recompile per cache state and
             # shape here; decoding runs them eagerly.
             with torch.inference_mode(), torch.compiler.set_stance("force_eager"):
+                if self.static is not None:
+                    warpers = _processors(params)
+                    seqs, tok_logp = self.static.generate(
+                        ids, mask, params, lambda scores: warpers(None, scores)
+                    )
+                    return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
                 seqs = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,

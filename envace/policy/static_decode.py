@@ -1,0 +1,250 @@
+"""Decoding with a static KV cache and, on CUDA, the one-token step replayed as a CUDA graph.
+
+`model.generate` pays Python and kernel-launch overhead on every step (tens of milliseconds for
+a 28-layer model, whatever the batch), so small-batch rollouts are bound by the host, not the GPU
+(MEASUREMENTS.md). Here the cache is a transformers `StaticCache` of a fixed (batch, length)
+shape, so the decode step reads and writes the same tensors every time; on CUDA it is captured
+once per shape and replayed: one launch per step.
+
+One call: left-padded prompts (B, W) -> prefill (eager, any W) -> steps. Each step feeds the
+token sampled at the previous one; the input buffers (token, position, attention mask) are
+updated in place before the replay. The attention mask is ours, 4-D, so transformers passes it
+through untouched: a key is visible if it is a real prompt token or an already generated one
+(later cache slots hold stale values from earlier calls and stay masked).
+
+Shapes are bucketed on CUDA (batch to a multiple of 8 / 32, cache length to a multiple of 128;
+extra rows are copies of the first prompt, marked done and dropped) so a rollout loop with
+changing batch sizes and contexts reuses a few graphs. The newest `max_slots` shapes are kept;
+a graph is re-captured when the model's parameters move (their addresses are part of the key).
+
+Sampling (temperature, top-k, top-p, then a multinomial draw; argmax when greedy) runs after the
+graph, as `model.generate` does with our warpers, and draws from the same generator in the same
+order, so a seeded call samples what `generate` would from the same logits. Log-probabilities
+are those of the warped distribution at the sampled token (as `_LogprobRecorder`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from envace.policy.types import SamplingParams
+
+__all__ = ["StaticDecoder", "static_decode_supported"]
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY = 8  # steps between host checks for "every row has ended" (each check is a sync)
+
+
+def static_decode_supported(model: Any) -> str | None:
+    """None when `model` can decode with `StaticDecoder`, else why not (one line)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return "the model has no Hugging Face config"
+    impl = getattr(cfg, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r} (static decoding needs 'sdpa' or 'eager')"
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"layer types {sorted(kinds)} (static decoding supports full attention only)"
+    return None
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+@dataclass
+class _Slot:
+    """One (batch, cache length) shape: its cache, input buffers and (CUDA) graph."""
+
+    cache: Any  # transformers StaticCache
+    tok: torch.Tensor  # (B, 1) the token fed at this step
+    pos: torch.Tensor  # (B, 1) its position id
+    mask: torch.Tensor  # (B, 1, 1, L) which cache slots the step may attend to
+    graph: Any = None  # torch.cuda.CUDAGraph once captured
+    logits: torch.Tensor | None = None  # the graph's output
+
+    def rewind(self, length: int) -> None:
+        """Point every cache layer's write position at `length`."""
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(length)
+
+
+class StaticDecoder:
+    """Batched sampling over a static KV cache (CUDA graphs on CUDA); see the module doc."""
+
+    def __init__(
+        self,
+        model: Any,
+        eos_id: int,
+        pad_id: int,
+        use_graphs: bool | None = None,
+        max_slots: int = 2,
+        bucket: bool | None = None,
+    ) -> None:
+        why = static_decode_supported(model)
+        if why is not None:
+            raise ValueError(f"static decoding is not available for this model: {why}")
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.bucket = self.use_graphs if bucket is None else bucket
+        self.max_slots = max_slots
+        self._slots: OrderedDict[tuple[Any, ...], _Slot] = OrderedDict()
+        self.captures = 0  # graphs captured so far (a metric for the benchmark and tests)
+
+    # --- shapes ----------------------------------------------------------------------------
+    def _shape(self, batch: int, length: int) -> tuple[int, int]:
+        if not self.bucket:  # eager: no graph to reuse, so no padding to pay
+            return batch, length
+        b = _round_up(batch, 8) if batch <= 64 else _round_up(batch, 32)
+        return b, _round_up(length, 128)
+
+    def _slot(self, batch: int, length: int) -> tuple[_Slot, bool]:
+        """The slot for this shape (most recently used last) and whether it is new."""
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        key = (batch, length, self.model.dtype, hash(weights))
+        slot = self._slots.get(key)
+        if slot is not None:
+            self._slots.move_to_end(key)
+            return slot, False
+        while len(self._slots) >= self.max_slots:
+            self._slots.popitem(last=False)
+        from transformers import StaticCache
+
+        device = self.model.device
+        slot = _Slot(
+            cache=StaticCache(config=self.model.config, max_cache_len=length),
+            tok=torch.zeros((batch, 1), dtype=torch.long, device=device),
+            pos=torch.zeros((batch, 1), dtype=torch.long, device=device),
+            mask=torch.zeros((batch, 1, 1, length), dtype=torch.bool, device=device),
+        )
+        self._slots[key] = slot
+        return slot, True
+
+    # --- model calls -----------------------------------------------------------------------
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Our boolean mask in the form the attention implementation takes (eager: additive)."""
+        if self.model.config._attn_implementation == "sdpa":
+            return allowed
+        neg = torch.finfo(self.model.dtype).min
+        zero = torch.zeros((), dtype=self.model.dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.full_like(zero, neg))
+
+    def _forward(
+        self, slot: _Slot, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
+    ) -> Any:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self._mask(mask),
+            position_ids=pos,
+            cache=slot.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
+
+    def _step(self, slot: _Slot) -> torch.Tensor:
+        """Logits (B, V) after feeding `slot.tok` (replayed when captured)."""
+        if slot.graph is not None:
+            slot.graph.replay()
+            assert slot.logits is not None
+            return slot.logits
+        return self._forward(slot, slot.tok, slot.pos, slot.mask)
+
+    def _capture(self, slot: _Slot, prompt_len: int) -> None:
+        """Capture the one-token step (after two warm-up runs on a side stream, which write
+        cache slots the real steps overwrite), then rewind the cache to the prompt."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(slot, slot.tok, slot.pos, slot.mask)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            slot.logits = self._forward(slot, slot.tok, slot.pos, slot.mask)
+        slot.graph = graph
+        slot.rewind(prompt_len)
+        self.captures += 1
+
+    # --- decoding --------------------------------------------------------------------------
+    def generate(
+        self,
+        ids: torch.Tensor,
+        real: torch.Tensor,
+        params: SamplingParams,
+        warp: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to `params.max_new_tokens` after left-padded `ids` (B, W) whose real
+        tokens are `real` (B, W, 0/1). Returns the new ids (B, T) (pad after a row's end of
+        turn) and their log-probabilities (B, T) under `warp(float logits)`."""
+        batch, width = ids.shape
+        new = params.max_new_tokens
+        device = self.model.device
+        b_slot, l_slot = self._shape(batch, width + new)
+        slot, fresh = self._slot(b_slot, l_slot)
+        extra = b_slot - batch
+        if extra:  # bucket rows: copies of row 0, ended from the start
+            ids = torch.cat([ids, ids[:1].expand(extra, -1)])
+            real = torch.cat([real, real[:1].expand(extra, -1)])
+        ids, real = ids.to(device), real.to(device).bool()
+
+        # prefill: causal over the prompt, padding hidden; a pad query sees itself (no NaN rows)
+        q = torch.arange(width, device=device)
+        causal = q[None, :] <= q[:, None]  # (W, W) key <= query
+        allowed = (causal[None] & real[:, None, :]) | torch.eye(
+            width, dtype=torch.bool, device=device
+        )
+        prefill = torch.zeros((b_slot, 1, width, l_slot), dtype=torch.bool, device=device)
+        prefill[:, 0, :, :width] = allowed
+        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        slot.rewind(0)
+        logits = self._forward(slot, ids, positions, prefill)
+
+        slot.mask.zero_()
+        slot.mask[:, 0, 0, :width] = real
+        slot.pos.copy_(positions[:, -1:])
+        if self.use_graphs and slot.graph is None:
+            self._capture(slot, width)
+
+        greedy = params.temperature <= 0
+        out_ids = torch.full((b_slot, new), self.pad_id, dtype=torch.long, device=device)
+        out_logp = torch.zeros((b_slot, new), dtype=torch.float32, device=device)
+        done = torch.zeros(b_slot, dtype=torch.bool, device=device)
+        done[batch:] = True
+        steps = 0
+        for t in range(new):
+            if t > 0:  # feed the token sampled at t - 1 into cache slot width + t - 1
+                slot.tok.copy_(out_ids[:, t - 1 : t])
+                slot.pos.add_(1)
+                slot.mask[:, 0, 0, width + t - 1] = True
+                logits = self._step(slot)
+            scores = warp(logits.float())
+            if greedy:
+                nxt = scores.argmax(-1)
+            else:
+                nxt = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
+            logp = scores.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(1)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+            out_ids[:, t] = nxt
+            out_logp[:, t] = logp
+            done |= nxt == self.eos_id
+            steps = t + 1
+            if steps % CHECK_EVERY == 0 and bool(done.all()):
+                break
+        if fresh:
+            log.debug("static decode slot %s x %s (graphs: %s)", b_slot, l_slot, self.use_graphs)
+        return out_ids[:batch, :steps], out_logp[:batch, :steps]
