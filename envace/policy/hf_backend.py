@@ -43,7 +43,7 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32") -> tuple[
 def resolve_decode(mode: str, model: Any) -> str:
     """`generate` (transformers' `model.generate`) or `static` (our static-cache loop, the step
     a CUDA graph on CUDA; envace/policy/static_decode.py). `auto`: static where the model
-    supports it (sdpa/eager attention, full-attention layers), else generate. On the CPU the
+    supports it (full-attention layers only), else generate. On the CPU the
     two sample the same tokens (static a little faster: docs/benchmarks.md)."""
     if mode not in ("auto", "generate", "static"):
         raise ValueError(f"decode mode {mode!r}: use auto, generate or static")

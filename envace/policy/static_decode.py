@@ -10,7 +10,13 @@ One call: left-padded prompts (B, W) -> prefill (eager, any W) -> steps. Each st
 token sampled at the previous one; the input buffers (token, position, attention mask) are
 updated in place before the replay. The attention mask is ours, 4-D, so transformers passes it
 through untouched: a key is visible if it is a real prompt token or an already generated one
-(later cache slots hold stale values from earlier calls and stay masked).
+(later cache slots hold stale values from earlier calls and stay masked). The attention itself is
+ours too during these calls (`_decode_attention`): grouped-query attention that reads each
+key/value head once (transformers' SDPA path copies them per query head when there is a mask).
+
+Measured on the H200 (docs/benchmarks.md, 2026-11-30) before `_decode_attention`: the graph
+removes the host overhead, but SDPA's masked path made the step cost grow with batch x context
+(21.5 ms at 64 x 768, 63 ms at 256 x 640). The grouped products have not run on a GPU yet.
 
 Shapes are bucketed on CUDA (batch to a multiple of 8 / 32, cache length to a multiple of 128;
 extra rows are copies of the first prompt, marked done and dropped) so a rollout loop with
@@ -25,9 +31,11 @@ are those of the warped distribution at the sampled token (as `_LogprobRecorder`
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,18 +51,69 @@ CHECK_EVERY = 8  # steps between host checks for "every row has ended" (each che
 
 
 def static_decode_supported(model: Any) -> str | None:
-    """None when `model` can decode with `StaticDecoder`, else why not (one line)."""
+    """None when `model` can decode with `StaticDecoder` (a transformers causal LM whose layers
+    all use full attention: Qwen3, Qwen2, Llama), else why not (one line)."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return "the model has no Hugging Face config"
-    impl = getattr(cfg, "_attn_implementation", None)
-    if impl not in ("sdpa", "eager"):
-        return f"attention implementation {impl!r} (static decoding needs 'sdpa' or 'eager')"
     text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return f"layer types {sorted(kinds)} (static decoding supports full attention only)"
     return None
+
+
+def _decode_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """Attention for our calls (registered with transformers as `envace_static`), whatever the
+    model's own implementation; `attention_mask` is our boolean mask.
+
+    One query token (the decode step): grouped-query attention as two batched products over the
+    cache as it is: each key/value head is read once for its group of query heads, in the
+    model's dtype, scores softmaxed in float32 (as transformers' eager attention). With a mask,
+    transformers' SDPA path cannot pass grouped-query heads to SDPA on CUDA and copies each
+    key/value head once per query head every step (docs/benchmarks.md, 2026-11-30).
+    Several query tokens (the prefill): transformers' SDPA attention with the mask."""
+    b, h, q, d = query.shape
+    if q > 1:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        return sdpa(  # type: ignore[no-any-return]
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    kv_heads, length = key.shape[1], key.shape[2]
+    group = h // kv_heads
+    scale = scaling if scaling is not None else d**-0.5
+    qg = query.reshape(b, kv_heads, group, d)
+    scores = torch.matmul(qg, key.transpose(-1, -2)).float() * scale  # (B, KV, G, L)
+    scores = scores.masked_fill(~attention_mask.view(b, 1, 1, length), float("-inf"))
+    probs = scores.softmax(-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # (B, KV, G, D): query head kv * G + g, as repeat_kv
+    return out.reshape(b, 1, h, d), None
+
+
+ATTENTION = "envace_static"
+
+
+@contextlib.contextmanager
+def _attention(config: Any, name: str) -> Iterator[None]:
+    """Route the model's attention through `name` for the duration (the trainer shares the
+    model, so the implementation is put back)."""
+    before = config._attn_implementation_internal
+    config._attn_implementation_internal = name
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = before
 
 
 def _round_up(n: int, m: int) -> int:
@@ -102,6 +161,17 @@ class StaticDecoder:
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.bucket = self.use_graphs if bucket is None else bucket
         self.max_slots = max_slots
+        # the cache keyword: `cache` (transformers >= 5.2x), `past_key_values` before
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        cfg = model.config
+        self._text_config = (
+            cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        )
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTENTION, _decode_attention)
         self._slots: OrderedDict[tuple[Any, ...], _Slot] = OrderedDict()
         self.captures = 0  # graphs captured so far (a metric for the benchmark and tests)
 
@@ -135,25 +205,18 @@ class StaticDecoder:
         return slot, True
 
     # --- model calls -----------------------------------------------------------------------
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """Our boolean mask in the form the attention implementation takes (eager: additive)."""
-        if self.model.config._attn_implementation == "sdpa":
-            return allowed
-        neg = torch.finfo(self.model.dtype).min
-        zero = torch.zeros((), dtype=self.model.dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.full_like(zero, neg))
-
     def _forward(
         self, slot: _Slot, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
     ) -> Any:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self._mask(mask),
-            position_ids=pos,
-            cache=slot.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with _attention(self._text_config, ATTENTION):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: slot.cache},
+            )
         return out.logits[:, -1]
 
     def _step(self, slot: _Slot) -> torch.Tensor:

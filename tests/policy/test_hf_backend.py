@@ -1,19 +1,23 @@
-"""The transformers backend: batched sampling with exact ids and log-probabilities."""
+"""The transformers backend: batched sampling with exact ids and log-probabilities, with each
+of its decoders (`model.generate` and the static-cache loop)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from envace.policy.hf_backend import TransformersBackend
 from envace.policy.types import SamplingParams
 
+pytestmark = pytest.mark.parametrize("decode", ["generate", "static"])
+
 
 def test_greedy_batch_matches_single_prompt_generation(
-    micro_model: Any, tiny_tokenizer: Any
+    micro_model: Any, tiny_tokenizer: Any, decode: str
 ) -> None:
-    backend = TransformersBackend(micro_model, tiny_tokenizer, max_batch_size=2)
+    backend = TransformersBackend(micro_model, tiny_tokenizer, max_batch_size=2, decode=decode)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     batched = backend.generate(prompts, params)
@@ -27,9 +31,9 @@ def test_greedy_batch_matches_single_prompt_generation(
 
 
 def test_logprobs_equal_the_model_distribution_at_temperature_one(
-    micro_model: Any, tiny_tokenizer: Any
+    micro_model: Any, tiny_tokenizer: Any, decode: str
 ) -> None:
-    backend = TransformersBackend(micro_model, tiny_tokenizer)
+    backend = TransformersBackend(micro_model, tiny_tokenizer, decode=decode)
     prompt = [5, 6, 7, 8]
     gen = backend.generate([prompt], SamplingParams(max_new_tokens=5, temperature=1.0, seed=3))[0]
     ids = torch.tensor([prompt + gen.token_ids])
@@ -40,9 +44,9 @@ def test_logprobs_equal_the_model_distribution_at_temperature_one(
 
 
 def test_seed_makes_sampling_reproducible_and_eos_cuts(
-    micro_model: Any, tiny_tokenizer: Any
+    micro_model: Any, tiny_tokenizer: Any, decode: str
 ) -> None:
-    backend = TransformersBackend(micro_model, tiny_tokenizer)
+    backend = TransformersBackend(micro_model, tiny_tokenizer, decode=decode)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=11)
     a = backend.generate([[5, 6], [7, 8]], params)
     b = backend.generate([[5, 6], [7, 8]], params)
@@ -52,11 +56,11 @@ def test_seed_makes_sampling_reproducible_and_eos_cuts(
 
 
 def test_logprobs_follow_temperature_and_top_k_in_a_left_padded_batch(
-    micro_model: Any, tiny_tokenizer: Any
+    micro_model: Any, tiny_tokenizer: Any, decode: str
 ) -> None:
     """Log-probs are recorded step by step after our warpers: each equals log-softmax of the
     top-k-filtered logits / T at that step, for every row of a batch of unequal prompts."""
-    backend = TransformersBackend(micro_model, tiny_tokenizer)
+    backend = TransformersBackend(micro_model, tiny_tokenizer, decode=decode)
     prompts = [[5, 6, 7, 8], [9, 10]]
     t, k = 0.7, 4
     params = SamplingParams(max_new_tokens=6, temperature=t, top_k=k, seed=5)

@@ -1,0 +1,147 @@
+"""The static-cache decoder: the same samples and log-probabilities as `model.generate`.
+
+Its CUDA-graph step cannot run here (no GPU): these tests run the same loop eagerly, with the
+same shape buckets, slots and masks the graph uses; bench/gpu.py checks the captured graph's
+log-probabilities against a teacher-forced forward on the GPU (`max_logprob_gap`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from envace.policy.hf_backend import TransformersBackend, resolve_decode
+from envace.policy.static_decode import StaticDecoder, _decode_attention, static_decode_supported
+from envace.policy.types import SamplingParams
+
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [20] * 9, [3, 4, 5]]
+
+
+def _backends(model: Any, tok: Any, **static_kw: Any) -> tuple[TransformersBackend, Any]:
+    gen = TransformersBackend(model, tok, decode="generate")
+    static = TransformersBackend(model, tok, decode="static")
+    if static_kw:
+        static.static = StaticDecoder(model, static.eos_id, static.pad_id, **static_kw)
+    return gen, static
+
+
+def _teacher_forced(model: Any, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=12, temperature=0.0),
+        SamplingParams(max_new_tokens=12, temperature=1.0, seed=4),
+        SamplingParams(max_new_tokens=12, temperature=0.7, top_k=5, top_p=0.9, seed=4),
+    ],
+    ids=["greedy", "sampled", "top-k-top-p"],
+)
+def test_static_samples_what_generate_samples(
+    micro_model: Any, tiny_tokenizer: Any, params: SamplingParams
+) -> None:
+    """Same generator, same order of draws, same logits: token-for-token equal to generate,
+    log-probabilities equal, on a left-padded batch of unequal prompts."""
+    gen, static = _backends(micro_model, tiny_tokenizer)
+    want, got = gen.generate(PROMPTS, params), static.generate(PROMPTS, params)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert [g.finish_reason for g in got] == [g.finish_reason for g in want]
+    for a, b in zip(got, want, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_bucketed_rows_and_stale_cache_slots_change_nothing(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """With the GPU's shape buckets (5 rows -> 8, length -> 128) the extra rows are dropped
+    and the unused cache slots masked: greedy output equals generate's, and a second, shorter
+    call in the same slot (whose cache still holds the first call's keys) equals a fresh one."""
+    gen, static = _backends(micro_model, tiny_tokenizer, bucket=True)
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    assert [g.token_ids for g in static.generate(PROMPTS, greedy)] == [
+        g.token_ids for g in gen.generate(PROMPTS, greedy)
+    ]
+    assert static.static is not None and next(iter(static.static._slots))[:2] == (8, 128)
+    short = [[30, 31], [32]]
+    assert [g.token_ids for g in static.generate(short, greedy)] == [
+        g.token_ids for g in gen.generate(short, greedy)
+    ]
+    assert len(static.static._slots) == 1  # reused: same bucket
+    sampled = static.generate(PROMPTS, SamplingParams(max_new_tokens=10, seed=2))
+    for prompt, g in zip(PROMPTS, sampled, strict=True):
+        want = _teacher_forced(micro_model, prompt, g.token_ids)
+        assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4)
+
+
+def test_slots_follow_shapes_and_parameter_addresses(micro_model: Any, tiny_tokenizer: Any) -> None:
+    """A slot per (batch, length); the oldest is dropped past max_slots; moving a parameter
+    (new storage, as a reload would) makes a new slot instead of reusing a stale one."""
+    _, static = _backends(micro_model, tiny_tokenizer, bucket=False, max_slots=2)
+    dec = static.static
+    assert dec is not None
+    p = SamplingParams(max_new_tokens=4, temperature=0.0)
+    static.generate([[5, 6]], p)
+    static.generate([[5, 6]], p)
+    assert len(dec._slots) == 1
+    static.generate([[5, 6, 7]], p)
+    static.generate([[5, 6], [7, 8]], p)
+    assert [k[:2] for k in dec._slots] == [(1, 7), (2, 6)]
+    first = static.generate([[5, 6]], p)[0]
+    weight = next(micro_model.parameters())
+    old = weight.data
+    try:
+        weight.data = old.clone()
+        again = static.generate([[5, 6]], p)[0]
+        assert len({k[3] for k in dec._slots}) == 2  # two parameter fingerprints
+        assert again.token_ids == first.token_ids
+    finally:
+        weight.data = old
+
+
+def test_the_model_keeps_its_attention_implementation(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """Our attention is routed in for our calls only: the trainer shares the model."""
+    before = micro_model.config._attn_implementation
+    _, static = _backends(micro_model, tiny_tokenizer)
+    static.generate([[5, 6, 7]], SamplingParams(max_new_tokens=3))
+    assert micro_model.config._attn_implementation == before
+
+
+def test_grouped_decode_attention_equals_sdpa_with_repeated_heads() -> None:
+    """One query token, 8 query heads over 2 key/value heads, some keys masked."""
+    g = torch.Generator().manual_seed(0)
+    b, h, kv, length, d = 3, 8, 2, 11, 16
+    q = torch.randn(b, h, 1, d, generator=g)
+    k = torch.randn(b, kv, length, d, generator=g)
+    v = torch.randn(b, kv, length, d, generator=g)
+    mask = torch.rand(b, 1, 1, length, generator=g) > 0.3
+    mask[..., 0] = True
+    out, _ = _decode_attention(None, q, k, v, mask, scaling=d**-0.5)
+    rep_k, rep_v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
+    want = torch.nn.functional.scaled_dot_product_attention(q, rep_k, rep_v, attn_mask=mask)
+    assert out.shape == (b, 1, h, d)
+    assert torch.allclose(out, want.transpose(1, 2), atol=1e-5)
+
+
+def test_unsupported_models_and_modes_say_why(micro_model: Any) -> None:
+    cfg = micro_model.config
+    before = getattr(cfg, "layer_types", None)
+    cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+    try:
+        assert "full attention only" in (static_decode_supported(micro_model) or "")
+        assert resolve_decode("auto", micro_model) == "generate"
+        with pytest.raises(ValueError, match="use decode: generate"):
+            resolve_decode("static", micro_model)
+    finally:
+        cfg.layer_types = before
+    assert resolve_decode("auto", micro_model) == "static"
+    with pytest.raises(ValueError, match="use auto, generate or static"):
+        resolve_decode("fast", micro_model)
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device"):
+        StaticDecoder(micro_model, 1, 0, use_graphs=True)
