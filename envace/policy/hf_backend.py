@@ -141,10 +141,35 @@ class TransformersBackend:
                 out[i] = gen
         return [g for g in out if g is not None]
 
+    def release(self) -> None:
+        """Free what decoding keeps between calls (the static decoder's caches and graphs)."""
+        if self.static is not None:
+            self.static.release()
+
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         width = max(len(p) for p in prompts)
+        if self.static is not None and not self.static.fits(
+            len(prompts), width + params.max_new_tokens
+        ):
+            self.static.release()  # our own caches count as free
+            if self.static.fits(len(prompts), width + params.max_new_tokens):
+                pass
+            elif len(prompts) > 1:  # halves until the cache fits
+                half = len(prompts) // 2
+                return self._generate_batch(prompts[:half], params) + self._generate_batch(
+                    prompts[half:], params
+                )
+            else:
+                need = self.static.cache_bytes(1, width + params.max_new_tokens)
+                raise MemoryError(
+                    f"the static KV cache for one sequence of {width} + "
+                    f"{params.max_new_tokens} tokens needs {need / 2**30:.2f} GiB, more than "
+                    f"the {(self.static.budget() or 0) / 2**30:.2f} GiB available; lower "
+                    "rollout.max_context_tokens / the max new tokens, or set "
+                    "rollout.decode: generate"
+                )
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):  # left padding: generation continues at the right edge

@@ -149,6 +149,7 @@ class StaticDecoder:
         use_graphs: bool | None = None,
         max_slots: int = 2,
         bucket: bool | None = None,
+        max_cache_bytes: int | None = None,
     ) -> None:
         why = static_decode_supported(model)
         if why is not None:
@@ -160,6 +161,7 @@ class StaticDecoder:
         if self.use_graphs and model.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.bucket = self.use_graphs if bucket is None else bucket
+        self.max_cache_bytes = max_cache_bytes
         self.max_slots = max_slots
         # the cache keyword: `cache` (transformers >= 5.2x), `past_key_values` before
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -181,6 +183,43 @@ class StaticDecoder:
             return batch, length
         b = _round_up(batch, 8) if batch <= 64 else _round_up(batch, 32)
         return b, _round_up(length, 128)
+
+    def cache_bytes(self, batch: int, length: int) -> int:
+        """Bytes of the static cache (keys and values of every layer) for this call's shape."""
+        b, n = self._shape(batch, length)
+        cfg = self._text_config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim
+        return b * n * per_token * self.model.dtype.itemsize  # type: ignore[no-any-return]
+
+    def budget(self) -> int | None:
+        """Bytes a cache may take: `max_cache_bytes`, else on CUDA 80 % of what is free once our
+        own slots are dropped (free memory + the allocator's unused reserve + our caches); None
+        (no limit) on the CPU."""
+        if self.max_cache_bytes is not None:
+            return self.max_cache_bytes
+        if self.model.device.type != "cuda":
+            return None
+        free, _total = torch.cuda.mem_get_info(self.model.device)
+        unused = torch.cuda.memory_reserved(self.model.device) - torch.cuda.memory_allocated(
+            self.model.device
+        )
+        ours = sum(
+            layer.keys.nbytes + layer.values.nbytes
+            for slot in self._slots.values()
+            for layer in slot.cache.layers
+            if getattr(layer, "is_initialized", False)
+        )
+        return int(0.8 * (free + unused + ours))
+
+    def fits(self, batch: int, length: int) -> bool:
+        budget = self.budget()
+        return budget is None or self.cache_bytes(batch, length) <= budget
+
+    def release(self) -> None:
+        """Drop every cache and graph (the trainer calls this after its rollouts, so the update
+        has the memory; the next call re-creates what it needs)."""
+        self._slots.clear()
 
     def _slot(self, batch: int, length: int) -> tuple[_Slot, bool]:
         """The slot for this shape (most recently used last) and whether it is new."""

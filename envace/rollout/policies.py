@@ -78,6 +78,12 @@ class ModelPolicy:
     def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
         return self.backend.generate([r.prompt_ids for r in requests], params)
 
+    def release(self) -> None:
+        """Free the backend's decoding state kept between calls (if it keeps any)."""
+        release = getattr(self.backend, "release", None)
+        if release is not None:
+            release()
+
 
 class ChatPolicy:
     """A model behind an OpenAI-compatible endpoint (the external simulator baseline)."""

@@ -196,6 +196,10 @@ class RLTrainer:
         t0 = time.perf_counter()
         with self.generation_ready():
             local = self.engine.run(mine, n=cfg.rollout.n) if mine else []
+        for policy in (self.engine.policy, self.engine.simulator):
+            release = getattr(policy, "release", None)  # decode caches: the update needs the memory
+            if release is not None:
+                release()
         t_rollout = time.perf_counter() - t0
         trajs = [t for part in gather_objects(local) for t in part]
         rows, adv_metrics = self._advantages(trajs)

@@ -145,3 +145,68 @@ def test_unsupported_models_and_modes_say_why(micro_model: Any) -> None:
         resolve_decode("fast", micro_model)
     with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device"):
         StaticDecoder(micro_model, 1, 0, use_graphs=True)
+
+
+def test_a_cache_over_budget_splits_the_batch_and_a_single_row_says_how_to_fix(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """`max_cache_bytes` (on a GPU: 80 % of the free memory) bounds the static cache: a batch
+    whose cache would not fit is decoded in halves, with the same greedy tokens; one sequence
+    that does not fit is a MemoryError naming the settings to change."""
+    gen, static = _backends(micro_model, tiny_tokenizer, bucket=False)
+    dec = static.static
+    assert dec is not None
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    width = max(len(p) for p in PROMPTS)
+    one_row = dec.cache_bytes(1, width + 8)
+    cfg = micro_model.config
+    assert (
+        one_row
+        == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * (width + 8) * 4
+    )  # fp32
+    dec.max_cache_bytes = 2 * one_row  # two rows at a time
+    got = static.generate(PROMPTS, greedy)
+    assert [g.token_ids for g in got] == [g.token_ids for g in gen.generate(PROMPTS, greedy)]
+    assert all(k[0] <= 2 for k in dec._slots)
+    dec.max_cache_bytes = one_row // 2
+    with pytest.raises(MemoryError, match=r"rollout\.max_context_tokens"):
+        static.generate([PROMPTS[0]], greedy)
+
+
+def test_rl_rollouts_release_the_decode_caches(tmp_path: Any) -> None:
+    """After `RLTrainer.collect` the static decoder holds no cache: the update gets the memory."""
+    from envace.config import load_config
+    from envace.policy.chat import ChatRenderer
+    from envace.rollout.grading import TaskGrader
+    from envace.train.rl import RLTrainer, RoleLearner
+    from envace.train.run import (
+        RunPaths,
+        _engine,
+        init_model,
+        load_splits,
+        model_policy,
+        prepare_tasks,
+    )
+    from tests.helpers.micro import MICRO
+
+    cfg = load_config(None, [*MICRO, "rollout.batch_tasks=1", "rollout.n=2"])
+    paths = RunPaths(tmp_path, str(tmp_path))
+    prepare_tasks(cfg, paths)
+    splits = load_splits(paths.tasks)
+    model, tok = init_model(cfg, splits, tmp_path / "init")
+    policy = model_policy(model, tok, cfg)
+    learner = RoleLearner(_engine(cfg, model), frozenset({"caller"}), ChatRenderer(tok).pad_id)
+    trainer = RLTrainer(cfg, splits.train, policy, [learner], TaskGrader())
+    backend: Any = policy.backend
+    calls: list[int] = []
+    generate = backend.static.generate
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        out = generate(*args, **kwargs)
+        calls.append(len(backend.static._slots))
+        return out
+
+    backend.static.generate = counting
+    rows, _ = trainer.collect(0)
+    assert rows and calls and min(calls) >= 1  # slots were held while rolling out
+    assert backend.static._slots == {}
