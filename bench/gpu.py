@@ -404,19 +404,28 @@ def _timed_backend(
 
     prompts = _prompts(case, vocab)
     params = SamplingParams(max_new_tokens=case.new, temperature=1.0, seed=0)
-    walls = []
+    decoder = getattr(backend, "static", None)  # the static decoder times its phases
+    walls, phases = [], []
     for _ in range(2):
+        if decoder is not None:
+            decoder.profile = True
+            decoder.timings = dict.fromkeys(decoder.timings, 0.0)
         t0 = time.perf_counter()
         gens = backend.generate(prompts, params)
         walls.append(time.perf_counter() - t0)
+        if decoder is not None:
+            phases.append({k: round(v, 3) for k, v in decoder.timings.items()})
     new = sum(len(g.token_ids) for g in gens)
-    return {
+    row: dict[str, Any] = {
         "backend": name,
         "tokens_per_s": round(new / walls[1], 1),
         "ms_per_step": round(1000 * walls[1] / case.new, 2),
         "first_call_s": round(walls[0], 3),
         "generated": new,
-    }, gens
+    }
+    if phases:  # prefill / capture / steps of the first and the timed call
+        row["first_call_phases"], row["phases"] = phases
+    return row, gens
 
 
 def _logprob_gap(model: Any, prompts: list[list[int]], gens: list[Any], rows: int = 4) -> float:
@@ -534,6 +543,12 @@ def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, An
     # Iteration 1 warms up (kernel selection, allocator, compilation); iteration 2 is timed.
     trainer.update(trainer.collect(0)[0])
     _sync(plan.device)
+    backend: Any = policy.backend
+    decoder = backend.static
+    captures_before = decoder.captures if decoder is not None else 0
+    if decoder is not None:  # phases of iteration 2's decoding (a sync at each boundary)
+        decoder.profile = True
+        decoder.timings = dict.fromkeys(decoder.timings, 0.0)
     t0 = time.perf_counter()
     rows, metrics = trainer.collect(1)
     t1 = time.perf_counter()
@@ -543,11 +558,15 @@ def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, An
     _save_rl_checkpoint(paths, 1, [("policy", model, engine)], tok)
     t3 = time.perf_counter()
     rollout = float(metrics["time/rollout_s"])
-    backend: Any = policy.backend
     return {
         "what": "rl_iteration",
         "decode": backend.decode,
-        "graph_captures": backend.static.captures if backend.static is not None else 0,
+        "graph_captures_timed_iteration": (
+            decoder.captures - captures_before if decoder is not None else 0
+        ),
+        "decode_phases": (
+            {k: round(v, 3) for k, v in decoder.timings.items()} if decoder is not None else {}
+        ),
         "compile_layers": compile_layers if plan.device == "cuda" else False,
         "model_params_m": round(n_params(model) / 1e6, 1),
         "trajectories": cfg.rollout.batch_tasks * cfg.rollout.n,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -176,6 +177,10 @@ class StaticDecoder:
         AttentionInterface.register(ATTENTION, _decode_attention)
         self._slots: OrderedDict[tuple[Any, ...], _Slot] = OrderedDict()
         self.captures = 0  # graphs captured so far (a metric for the benchmark and tests)
+        # profile: synchronise at phase boundaries and add their wall times to `timings`
+        # (prefill, capture, decode steps incl. sampling); off in normal runs (no extra syncs)
+        self.profile = False
+        self.timings: dict[str, float] = {"prefill_s": 0.0, "capture_s": 0.0, "steps_s": 0.0}
 
     # --- shapes ----------------------------------------------------------------------------
     def _shape(self, batch: int, length: int) -> tuple[int, int]:
@@ -266,6 +271,19 @@ class StaticDecoder:
             return slot.logits
         return self._forward(slot, slot.tok, slot.pos, slot.mask)
 
+    def _now(self) -> float:
+        """The time, after a device sync when profiling (so phases are not blurred)."""
+        if self.profile and self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        return time.perf_counter()
+
+    def _lap(self, phase: str, since: float) -> float:
+        """With `profile` on: add the time since `since` to `phase`."""
+        now = self._now()
+        if self.profile:
+            self.timings[phase] += now - since
+        return now
+
     def _capture(self, slot: _Slot, prompt_len: int) -> None:
         """Capture the one-token step (after two warm-up runs on a side stream, which write
         cache slots the real steps overwrite), then rewind the cache to the prompt."""
@@ -313,14 +331,17 @@ class StaticDecoder:
         prefill = torch.zeros((b_slot, 1, width, l_slot), dtype=torch.bool, device=device)
         prefill[:, 0, :, :width] = allowed
         positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        lap = self._now()
         slot.rewind(0)
         logits = self._forward(slot, ids, positions, prefill)
 
         slot.mask.zero_()
         slot.mask[:, 0, 0, :width] = real
         slot.pos.copy_(positions[:, -1:])
+        lap = self._lap("prefill_s", lap)
         if self.use_graphs and slot.graph is None:
             self._capture(slot, width)
+            lap = self._lap("capture_s", lap)
 
         greedy = params.temperature <= 0
         out_ids = torch.full((b_slot, new), self.pad_id, dtype=torch.long, device=device)
@@ -347,6 +368,7 @@ class StaticDecoder:
             steps = t + 1
             if steps % CHECK_EVERY == 0 and bool(done.all()):
                 break
+        self._lap("steps_s", lap)
         if fresh:
             log.debug("static decode slot %s x %s (graphs: %s)", b_slot, l_slot, self.use_graphs)
         return out_ids[:batch, :steps], out_logp[:batch, :steps]

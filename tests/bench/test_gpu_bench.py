@@ -55,8 +55,13 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
         assert row["generated"] > 0 and row["tokens_per_s"] > 0
         assert row["max_logprob_gap"] < 1e-3  # fp32: the returned log-probs are the model's
     assert "EnvACE vLLM" not in decode  # --no-vllm
+    static = decode["EnvACE transformers (static)"]
+    wall = static["ms_per_step"] * static["new"] / 1000
+    assert 0 < sum(static["phases"].values()) <= wall * 1.05 + 0.01  # phases within the call
+    assert static["phases"]["capture_s"] == 0  # no CUDA graph on the CPU
     (rl,) = [r for r in report["results"] if r["what"] == "rl_iteration"]
     stages = rl["rollout_s"] + rl["reward_s"] + rl["update_s"] + rl["checkpoint_s"]
     assert rl["rows"] > 0 and stages == pytest.approx(rl["total_s"], abs=0.01)
+    assert rl["decode"] == "static" and 0 < rl["decode_phases"]["steps_s"] <= rl["rollout_s"]
     for header in ("tokens/s", "MFU", "ms/step", "rollout s", "checkpoint s"):
         assert header in proc.stdout
