@@ -512,17 +512,9 @@ class FakeApiServer:
     kubeconfig: Path
 
 
-@contextlib.contextmanager
-def serve_fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
-    """A fake Kubernetes API server on localhost and a kubeconfig pointing at it."""
-    cluster = FakeCluster()
-    handler = type("Handler", (_Handler,), {"cluster": cluster})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig whose current context is the fake API server at `url` (namespace team-a)."""
+    path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
@@ -539,6 +531,19 @@ def serve_fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
             }
         )
     )
+    return path
+
+
+@contextlib.contextmanager
+def serve_fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
+    """A fake Kubernetes API server on localhost and a kubeconfig pointing at it."""
+    cluster = FakeCluster()
+    handler = type("Handler", (_Handler,), {"cluster": cluster})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     try:
         yield FakeApiServer(cluster, url, kubeconfig)
     finally:

@@ -10,8 +10,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
-from cluster_testlib import FakeApiServer, FakeCluster, _Handler
+from cluster_testlib import FakeApiServer, FakeCluster, _Handler, write_kubeconfig
 
 
 # --- fake Kubernetes API with pods, logs and a stand-in Trainer controller --------------------
@@ -78,24 +77,7 @@ def serve_fake_trainer(tmp_path: Path) -> Iterator[FakeTrainer]:
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    trainer.api = FakeApiServer(cluster, url, tmp_path / "kubeconfig")
-    trainer.api.kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "fake",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "tester", "user": {"token": "test-token"}}],
-                "contexts": [
-                    {
-                        "name": "fake",
-                        "context": {"cluster": "fake", "user": "tester", "namespace": "team-a"},
-                    }
-                ],
-            }
-        )
-    )
+    trainer.api = FakeApiServer(cluster, url, write_kubeconfig(tmp_path / "kubeconfig", url))
     try:
         yield trainer
     finally:
