@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from envace.policy.static_decode import StaticDecoder, static_decode_supported
-from envace.policy.types import Generation, SamplingParams
+from envace.policy.types import Generation, SamplingParams, check_prompts
 
 __all__ = ["DecodeMode", "TransformersBackend", "load_model_and_tokenizer", "resolve_decode"]
 
@@ -126,10 +126,8 @@ class TransformersBackend:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
-        if not prompts:
+        if not check_prompts(prompts):
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         if params.seed is not None:
             torch.manual_seed(params.seed)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))

@@ -12,6 +12,7 @@ __all__ = [
     "GenerationBackend",
     "SamplingParams",
     "ToolCall",
+    "check_prompts",
 ]
 
 
@@ -61,6 +62,14 @@ class Generation:
     text: str
     finish_reason: FinishReason
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def check_prompts(prompts: Sequence[Sequence[int]]) -> bool:
+    """Whether there is anything to generate; an empty prompt is a ValueError (a backend has
+    no position to continue from)."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    return len(prompts) > 0
 
 
 @runtime_checkable

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from envace.errors import ConfigError, EnvaceError
-from envace.policy.types import Generation, SamplingParams
+from envace.policy.types import Generation, SamplingParams, check_prompts
 
 __all__ = ["VLLMBackend", "VLLMError", "VLLMOptions", "VLLMTimeout"]
 
@@ -360,10 +360,8 @@ class VLLMBackend:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
-        if not prompts:
+        if not check_prompts(prompts):
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         wire = asdict(params)
         plain = [[int(t) for t in p] for p in prompts]
         if self._worker is not None:

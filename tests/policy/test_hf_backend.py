@@ -75,3 +75,12 @@ def test_logprobs_follow_temperature_and_top_k_in_a_left_padded_batch(
         assert bool((logits.gather(-1, taken) >= kth).all())  # sampled inside the top k
         want = filtered.log_softmax(-1).gather(-1, taken).squeeze(-1)
         assert torch.allclose(torch.tensor(gen.logprobs), want, atol=1e-4)
+
+
+def test_no_prompts_is_no_work_and_an_empty_prompt_is_refused(
+    micro_model: Any, tiny_tokenizer: Any, decode: str
+) -> None:
+    backend = TransformersBackend(micro_model, tiny_tokenizer, decode=decode)
+    assert backend.generate([], SamplingParams(max_new_tokens=3)) == []
+    with pytest.raises(ValueError, match="at least one token"):
+        backend.generate([[5, 6], []], SamplingParams(max_new_tokens=3))
