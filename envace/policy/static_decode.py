@@ -133,9 +133,11 @@ class _Slot:
     logits: torch.Tensor | None = None  # the graph's output
 
     def rewind(self, length: int) -> None:
-        """Point every cache layer's write position at `length`."""
+        """Point every cache layer's write position at `length` (transformers' StaticLayer keeps
+        it in `cumulative_length`, a device tensor; a layout without it fails here, loudly,
+        rather than decoding from the wrong positions)."""
         for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
+            if getattr(layer, "is_initialized", True):  # not yet allocated: nothing to rewind
                 layer.cumulative_length.fill_(length)
 
 
