@@ -6,9 +6,10 @@ Prompts are sorted by length and left-padded in micro-batches, so padding waste 
 
 Two decoders: `static` (default where the model allows it) runs our own loop over a static KV
 cache, its one-token step replayed as a CUDA graph on GPU (envace/policy/static_decode.py);
-`generate` calls transformers' `model.generate`. With `generate`, the log-probabilities are taken step by step by the last logits processor (`_LogprobRecorder`,
-after our own temperature / top-k / top-p warpers), so only one (batch x vocabulary) row of
-scores exists at a time: `output_scores` would keep all of them (20 GB at batch 256 x 128 new
+`generate` calls transformers' `model.generate`. With `generate`, the log-probabilities are
+taken step by step by the last logits processor (`_LogprobRecorder`, after our own
+temperature / top-k / top-p warpers), so only one (batch x vocabulary) row of scores exists at
+a time: `output_scores` would keep all of them (20 GB at batch 256 x 128 new
 tokens with a 151,936-token vocabulary).
 """
 
@@ -148,26 +149,21 @@ class TransformersBackend:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         width = max(len(p) for p in prompts)
-        if self.static is not None and not self.static.fits(
-            len(prompts), width + params.max_new_tokens
-        ):
-            self.static.release()  # our own caches count as free
-            if self.static.fits(len(prompts), width + params.max_new_tokens):
-                pass
-            elif len(prompts) > 1:  # halves until the cache fits
+        length = width + params.max_new_tokens
+        if self.static is not None and not self.static.fits(len(prompts), length):
+            self.static.release()  # free our caches for the smaller calls (fits counted them)
+            if len(prompts) > 1:  # halves until the cache fits
                 half = len(prompts) // 2
                 return self._generate_batch(prompts[:half], params) + self._generate_batch(
                     prompts[half:], params
                 )
-            else:
-                need = self.static.cache_bytes(1, width + params.max_new_tokens)
-                raise MemoryError(
-                    f"the static KV cache for one sequence of {width} + "
-                    f"{params.max_new_tokens} tokens needs {need / 2**30:.2f} GiB, more than "
-                    f"the {(self.static.budget() or 0) / 2**30:.2f} GiB available; lower "
-                    "rollout.max_context_tokens / the max new tokens, or set "
-                    "rollout.decode: generate"
-                )
+            need = self.static.cache_bytes(1, length)
+            raise MemoryError(
+                f"the static KV cache for one sequence of {width} + {params.max_new_tokens} "
+                f"tokens needs {need / 2**30:.2f} GiB, more than the "
+                f"{(self.static.budget() or 0) / 2**30:.2f} GiB available; lower "
+                "rollout.max_context_tokens / the max new tokens, or set rollout.decode: generate"
+            )
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):  # left padding: generation continues at the right edge

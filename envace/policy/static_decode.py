@@ -51,14 +51,18 @@ log = logging.getLogger(__name__)
 CHECK_EVERY = 8  # steps between host checks for "every row has ended" (each check is a sync)
 
 
+def _text_config(cfg: Any) -> Any:
+    """The decoder's config (the config itself for a plain causal LM)."""
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
 def static_decode_supported(model: Any) -> str | None:
     """None when `model` can decode with `StaticDecoder` (a transformers causal LM whose layers
     all use full attention: Qwen3, Qwen2, Llama), else why not (one line)."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return "the model has no Hugging Face config"
-    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    kinds = set(getattr(_text_config(cfg), "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return f"layer types {sorted(kinds)} (static decoding supports full attention only)"
     return None
@@ -170,10 +174,7 @@ class StaticDecoder:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         params = inspect.signature(base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        cfg = model.config
-        self._text_config = (
-            cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-        )
+        self._text_config = _text_config(model.config)
         from transformers import AttentionInterface
 
         AttentionInterface.register(ATTENTION, _decode_attention)
@@ -228,14 +229,14 @@ class StaticDecoder:
         has the memory; the next call re-creates what it needs)."""
         self._slots.clear()
 
-    def _slot(self, batch: int, length: int) -> tuple[_Slot, bool]:
-        """The slot for this shape (most recently used last) and whether it is new."""
+    def _slot(self, batch: int, length: int) -> _Slot:
+        """The slot for this shape (most recently used last)."""
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         key = (batch, length, self.model.dtype, hash(weights))
         slot = self._slots.get(key)
         if slot is not None:
             self._slots.move_to_end(key)
-            return slot, False
+            return slot
         while len(self._slots) >= self.max_slots:
             self._slots.popitem(last=False)
         from transformers import StaticCache
@@ -248,7 +249,8 @@ class StaticDecoder:
             mask=torch.zeros((batch, 1, 1, length), dtype=torch.bool, device=device),
         )
         self._slots[key] = slot
-        return slot, True
+        log.debug("static decode slot %s x %s (graphs: %s)", batch, length, self.use_graphs)
+        return slot
 
     # --- model calls -----------------------------------------------------------------------
     def _forward(
@@ -265,13 +267,17 @@ class StaticDecoder:
             )
         return out.logits[:, -1]
 
+    def _feed(self, slot: _Slot) -> Any:
+        """The one-token step over the slot's own buffers (run eagerly or captured)."""
+        return self._forward(slot, slot.tok, slot.pos, slot.mask)
+
     def _step(self, slot: _Slot) -> torch.Tensor:
         """Logits (B, V) after feeding `slot.tok` (replayed when captured)."""
         if slot.graph is not None:
             slot.graph.replay()
             assert slot.logits is not None
             return slot.logits
-        return self._forward(slot, slot.tok, slot.pos, slot.mask)
+        return self._feed(slot)  # type: ignore[no-any-return]
 
     def _now(self) -> float:
         """The time, after a device sync when profiling (so phases are not blurred)."""
@@ -293,11 +299,11 @@ class StaticDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(slot, slot.tok, slot.pos, slot.mask)
+                self._feed(slot)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            slot.logits = self._forward(slot, slot.tok, slot.pos, slot.mask)
+            slot.logits = self._feed(slot)
         slot.graph = graph
         slot.rewind(prompt_len)
         self.captures += 1
@@ -317,7 +323,7 @@ class StaticDecoder:
         new = params.max_new_tokens
         device = self.model.device
         b_slot, l_slot = self._shape(batch, width + new)
-        slot, fresh = self._slot(b_slot, l_slot)
+        slot = self._slot(b_slot, l_slot)
         extra = b_slot - batch
         if extra:  # bucket rows: copies of row 0, ended from the start
             ids = torch.cat([ids, ids[:1].expand(extra, -1)])
@@ -371,6 +377,4 @@ class StaticDecoder:
             if steps % CHECK_EVERY == 0 and bool(done.all()):
                 break
         self._lap("steps_s", lap)
-        if fresh:
-            log.debug("static decode slot %s x %s (graphs: %s)", b_slot, l_slot, self.use_graphs)
         return out_ids[:batch, :steps], out_logp[:batch, :steps]
