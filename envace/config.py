@@ -84,6 +84,9 @@ class RolloutSection:
     # transformers backend: static (static KV cache; the step a CUDA graph on GPU), generate
     # (transformers' model.generate), auto (static where the model supports it)
     decode: Literal["auto", "generate", "static"] = "auto"
+    # static decoder: reuse the keys/values of prompt prefixes already computed (the n rollouts
+    # of a task, and each conversation's earlier turns while their caches are kept)
+    prefix_cache: bool = True
     # transformers: the policy's own weights in this process. vllm: a vLLM engine loaded from
     # the checkpoint, its weights updated after every RL update (docs/scale.md).
     backend: Literal["transformers", "vllm"] = "transformers"

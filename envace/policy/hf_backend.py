@@ -15,14 +15,15 @@ tokens with a 151,936-token vocabulary).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from envace.policy.static_decode import StaticDecoder, static_decode_supported
+from envace.policy.static_decode import Plan, StaticDecoder, static_decode_supported
 from envace.policy.types import Generation, SamplingParams, check_prompts
 
 __all__ = ["DecodeMode", "TransformersBackend", "load_model_and_tokenizer", "resolve_decode"]
@@ -111,6 +112,7 @@ class TransformersBackend:
         tokenizer: Any,
         max_batch_size: int = 64,
         decode: DecodeMode = "auto",
+        prefix_cache: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -122,7 +124,7 @@ class TransformersBackend:
         self.decode = resolve_decode(decode, model)
         self.static: StaticDecoder | None = None
         if self.decode == "static":
-            self.static = StaticDecoder(model, self.eos_id, self.pad_id)
+            self.static = StaticDecoder(model, self.eos_id, self.pad_id, prefix_cache=prefix_cache)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -148,22 +150,9 @@ class TransformersBackend:
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
+        if self.static is not None:
+            return self._generate_static(prompts, params)
         width = max(len(p) for p in prompts)
-        length = width + params.max_new_tokens
-        if self.static is not None and not self.static.fits(len(prompts), length):
-            self.static.release()  # free our caches for the smaller calls (fits counted them)
-            if len(prompts) > 1:  # halves until the cache fits
-                half = len(prompts) // 2
-                return self._generate_batch(prompts[:half], params) + self._generate_batch(
-                    prompts[half:], params
-                )
-            need = self.static.cache_bytes(1, length)
-            raise MemoryError(
-                f"the static KV cache for one sequence of {width} + {params.max_new_tokens} "
-                f"tokens needs {need / 2**30:.2f} GiB, more than the "
-                f"{(self.static.budget() or 0) / 2**30:.2f} GiB available; lower "
-                "rollout.max_context_tokens / the max new tokens, or set rollout.decode: generate"
-            )
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):  # left padding: generation continues at the right edge
@@ -179,33 +168,59 @@ class TransformersBackend:
             if greedy
             else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
         )
+        with self._decoding():
+            seqs = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=params.max_new_tokens,
+                do_sample=not greedy,
+                eos_token_id=self.eos_id,
+                pad_token_id=self.pad_id,
+                logits_processor=_processors(params, recorder),
+                **neutral,
+            )
+            seqs = seqs[:, width:]  # (B, T_new)
+            tok_logp = recorder.finish(seqs)
+        return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
+
+    def _generate_static(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        assert self.static is not None
+        plan: Plan | None = self.static.plan(prompts)
+        assert plan is not None
+        length = plan.width + params.max_new_tokens
+        if not self.static.fits(len(prompts), length):
+            plan = None  # it refers to our caches
+            self.static.release()  # free them for the smaller calls (fits counted them)
+            if len(prompts) > 1:  # halves until the cache fits
+                half = len(prompts) // 2
+                return self._generate_static(prompts[:half], params) + self._generate_static(
+                    prompts[half:], params
+                )
+            need = self.static.cache_bytes(1, length)
+            raise MemoryError(
+                f"the static KV cache for one sequence of {len(prompts[0])} + "
+                f"{params.max_new_tokens} tokens needs {need / 2**30:.2f} GiB, more than the "
+                f"{(self.static.budget() or 0) / 2**30:.2f} GiB available; lower "
+                "rollout.max_context_tokens / the max new tokens, or set rollout.decode: generate"
+            )
+        warpers = _processors(params)
+        with self._decoding():
+            seqs, tok_logp = self.static.generate(plan, params, lambda s: warpers(None, s))
+        return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
+
+    @contextlib.contextmanager
+    def _decoding(self) -> Iterator[None]:
+        """Eval mode, no autograd; layers compiled for training (compile_layers) would
+        recompile per cache state and shape here, so decoding runs them eagerly."""
         was_training = self.model.training
         self.model.eval()
         try:
-            # Layers compiled for training (compile_layers) would recompile per cache state and
-            # shape here; decoding runs them eagerly.
             with torch.inference_mode(), torch.compiler.set_stance("force_eager"):
-                if self.static is not None:
-                    warpers = _processors(params)
-                    seqs, tok_logp = self.static.generate(
-                        ids, mask, params, lambda scores: warpers(None, scores)
-                    )
-                    return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
-                seqs = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=params.max_new_tokens,
-                    do_sample=not greedy,
-                    eos_token_id=self.eos_id,
-                    pad_token_id=self.pad_id,
-                    logits_processor=_processors(params, recorder),
-                    **neutral,
-                )
-                seqs = seqs[:, width:]  # (B, T_new)
-                tok_logp = recorder.finish(seqs)
+                yield
         finally:
             self.model.train(was_training)
-        return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
 
     def _to_generation(self, seq: torch.Tensor, logps: torch.Tensor) -> Generation:
         ids = seq.cpu().tolist()

@@ -36,19 +36,23 @@ import inspect
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from envace.policy.prefix_cache import BLOCK, PrefixIndex, RowKV
 from envace.policy.types import SamplingParams
 
-__all__ = ["StaticDecoder", "static_decode_supported"]
+__all__ = ["Plan", "StaticDecoder", "static_decode_supported"]
 
 log = logging.getLogger(__name__)
 
 CHECK_EVERY = 8  # steps between host checks for "every row has ended" (each check is a sync)
+# a prompt follows an earlier one of its call only if at most this many of its tokens remain to
+# compute: every row of the final prefill pays for the longest remainder (padding)
+FOLLOW_SUFFIX = 64
 
 
 def _text_config(cfg: Any) -> Any:
@@ -135,18 +139,78 @@ class _Slot:
     mask: torch.Tensor  # (B, 1, 1, L) which cache slots the step may attend to
     graph: Any = None  # torch.cuda.CUDAGraph once captured
     logits: torch.Tensor | None = None  # the graph's output
+    held: PrefixIndex | None = None  # the sequences whose keys/values the cache holds
+    weights: tuple[int, torch.Tensor] | None = None  # `_weights()` when `held` was computed
 
-    def rewind(self, length: int) -> None:
-        """Point every cache layer's write position at `length` (transformers' StaticLayer keeps
-        it in `cumulative_length`, a device tensor; a layout without it fails here, loudly,
-        rather than decoding from the wrong positions)."""
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", True):  # not yet allocated: nothing to rewind
-                layer.cumulative_length.fill_(length)
+
+def _rewind(cache: Any, length: int) -> None:
+    """Point every cache layer's write position at `length` (transformers' StaticLayer keeps it
+    in `cumulative_length`, a device tensor; a layout without it fails here, loudly, rather
+    than decoding from the wrong positions)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", True):  # not yet allocated: nothing to rewind
+            layer.cumulative_length.fill_(length)
+
+
+def _allocate(layer: Any, like: torch.Tensor, batch: int) -> None:
+    """Allocate a cache layer before its first write (transformers allocates at the first
+    update; a gathered prefix comes first), shaped as `like` (B', H, L', D) for `batch` rows."""
+    if getattr(layer, "is_initialized", True):
+        return
+    shape = (batch, like.shape[1], 1, like.shape[3])
+    states = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if len(inspect.signature(layer.lazy_initialization).parameters) >= 2:
+        layer.lazy_initialization(states, states)
+    else:  # transformers before the value-states argument
+        layer.lazy_initialization(states)
+
+
+@dataclass
+class _Source:
+    """A prefix of a prompt held in a cache: its first `count` tokens are row `row` of `cache`."""
+
+    cache: Any
+    row: int
+    kv: RowKV
+    count: int
+
+
+@dataclass
+class Plan:
+    """How one call's prompts get their keys and values (see `StaticDecoder.plan`)."""
+
+    prompts: list[list[int]]
+    sources: list[_Source | None]  # what each prompt finds in earlier calls' caches
+    leaders: list[int]  # prompts prefilled first, in a scratch cache (empty: no scratch)
+    follow: dict[int, tuple[int, int]]  # prompt -> (leader number, tokens shared with it)
+    width: int  # columns of the final prefill's layout (held prefixes + computed suffixes)
+
+
+def _count(source: _Source | None) -> int:
+    return source.count if source is not None else 0
+
+
+def _clip(source: _Source | None, limit: int) -> _Source | None:
+    """`source` holding at most `limit` tokens."""
+    if source is None or source.count <= limit:
+        return source
+    return _Source(source.cache, source.row, source.kv, limit) if limit > 0 else None
+
+
+def _layout(prompts: list[list[int]], counts: list[int]) -> tuple[int, int]:
+    """(C, S): prefixes held are right-aligned in columns [0, C), the tokens to compute in
+    [C, C + S)."""
+    return max(counts), max(len(p) - c for p, c in zip(prompts, counts, strict=True))
 
 
 class StaticDecoder:
-    """Batched sampling over a static KV cache (CUDA graphs on CUDA); see the module doc."""
+    """Batched sampling over a static KV cache (CUDA graphs on CUDA); see the module doc.
+
+    prefix_cache: reuse keys/values of prompt prefixes computed before (in this call: the n
+    rollouts of a task; in earlier calls while their caches are kept: the conversation so far).
+    max_slots: shapes kept (None: 2 on CUDA, where each is large, 4 elsewhere, enough for a
+    caller call's cache to survive the rehearsal calls before the next one).
+    """
 
     def __init__(
         self,
@@ -154,9 +218,10 @@ class StaticDecoder:
         eos_id: int,
         pad_id: int,
         use_graphs: bool | None = None,
-        max_slots: int = 2,
+        max_slots: int | None = None,
         bucket: bool | None = None,
         max_cache_bytes: int | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         why = static_decode_supported(model)
         if why is not None:
@@ -169,7 +234,8 @@ class StaticDecoder:
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.bucket = self.use_graphs if bucket is None else bucket
         self.max_cache_bytes = max_cache_bytes
-        self.max_slots = max_slots
+        self.max_slots = max_slots or (2 if model.device.type == "cuda" else 4)
+        self.prefix_cache = prefix_cache
         # the cache keyword: `cache` (transformers >= 5.2x), `past_key_values` before
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         params = inspect.signature(base.forward).parameters
@@ -180,6 +246,8 @@ class StaticDecoder:
         AttentionInterface.register(ATTENTION, _decode_attention)
         self._slots: OrderedDict[tuple[Any, ...], _Slot] = OrderedDict()
         self.captures = 0  # graphs captured so far (a metric for the benchmark and tests)
+        # prompt tokens seen, and those whose keys/values were computed (the rest were reused)
+        self.counts: dict[str, int] = {"prompt_tokens": 0, "computed_tokens": 0}
         # profile: synchronise at phase boundaries and add their wall times to `timings`
         # (prefill, capture, decode steps incl. sampling); off in normal runs (no extra syncs)
         self.profile = False
@@ -229,16 +297,36 @@ class StaticDecoder:
         has the memory; the next call re-creates what it needs)."""
         self._slots.clear()
 
-    def _slot(self, batch: int, length: int) -> _Slot:
-        """The slot for this shape (most recently used last)."""
+    def _weights(self) -> tuple[int, torch.Tensor]:
+        """Fingerprint of the weights: their addresses and in-place update counters, and 8 values
+        of each (`p.data.copy_`, as DeepSpeed writes its updated weights back, leaves the
+        counters alone). Held prefixes are reused only under the weights that computed them."""
+        params = list(self.model.parameters())
+        flat = [p.detach().reshape(-1) for p in params if p.numel()]
+        probe = torch.cat([f[:: max(1, f.numel() // 8)].float() for f in flat])
+        return hash(tuple((p.data_ptr(), p._version) for p in params)), probe
+
+    def _same_weights(self, slot: _Slot, now: tuple[int, torch.Tensor]) -> bool:
+        return (
+            slot.weights is not None
+            and slot.weights[0] == now[0]
+            and torch.equal(slot.weights[1], now[1])
+        )
+
+    def _slot(self, batch: int, length: int, keep: set[int]) -> _Slot:
+        """The slot for this shape (most recently used last). Making room drops the least
+        recently used slots, except those whose caches are in `keep` (ids of the caches this
+        call copies prefixes from: `_trim` drops them after the prefill)."""
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         key = (batch, length, self.model.dtype, hash(weights))
         slot = self._slots.get(key)
         if slot is not None:
             self._slots.move_to_end(key)
             return slot
-        while len(self._slots) >= self.max_slots:
-            self._slots.popitem(last=False)
+        for old in [k for k, s in self._slots.items() if id(s.cache) not in keep]:
+            if len(self._slots) < self.max_slots:
+                break
+            del self._slots[old]
         from transformers import StaticCache
 
         device = self.model.device
@@ -252,10 +340,108 @@ class StaticDecoder:
         log.debug("static decode slot %s x %s (graphs: %s)", batch, length, self.use_graphs)
         return slot
 
+    def _trim(self) -> None:
+        while len(self._slots) > self.max_slots:
+            self._slots.popitem(last=False)
+
+    # --- prefixes --------------------------------------------------------------------------
+    def plan(self, prompts: Sequence[Sequence[int]]) -> Plan:
+        """Where each prompt's keys and values come from.
+
+        Each prompt first looks for its longest prefix held by a kept cache (computed with the
+        current weights). Then, within the call, a prompt that shares at least a block more
+        with an earlier prompt (a "leader") and leaves at most `FOLLOW_SUFFIX` tokens to compute
+        follows it: the leaders are prefilled first (all but their last token, in a scratch
+        cache), and every prompt then copies its prefix from its leader (itself, for a leader)
+        and computes only the rest. Without any follower there is no scratch round."""
+        lists = [list(p) for p in prompts]
+        sources: list[_Source | None] = [None] * len(lists)
+        leaders: list[int] = []
+        follow: dict[int, tuple[int, int]] = {}
+        if self.prefix_cache:
+            now = self._weights()
+            held = [s for s in self._slots.values() if s.held and self._same_weights(s, now)]
+            for i, p in enumerate(lists):
+                for slot in held:
+                    assert slot.held is not None
+                    row, count = slot.held.match(p, len(p) - 1)
+                    if count > _count(sources[i]):
+                        sources[i] = _Source(slot.cache, row, slot.held.rows[row], count)
+            index = PrefixIndex()
+            for i, p in enumerate(lists):
+                number, count = index.match(p, len(p) - 1)
+                gain = count - _count(sources[i])
+                if number >= 0 and gain >= BLOCK and len(p) - count <= FOLLOW_SUFFIX:
+                    follow[i] = (number, count)
+                elif len(p) > 1:
+                    index.add(RowKV(p[:-1]))
+                    leaders.append(i)
+            if not follow:
+                leaders = []
+        counts = [
+            len(p) - 1 if i in leaders else follow[i][1] if i in follow else _count(sources[i])
+            for i, p in enumerate(lists)
+        ]
+        return Plan(lists, sources, leaders, follow, sum(_layout(lists, counts)))
+
+    def _gather(self, cache: Any, batch: int, sources: list[_Source | None], start: int) -> None:
+        """Copy each row's held prefix into columns [start - count, start) of `cache`."""
+        groups: dict[int, list[tuple[int, _Source]]] = {}
+        for b, src in enumerate(sources):
+            if src is not None and src.count > 0:
+                groups.setdefault(id(src.cache), []).append((b, src))
+        # a cache that is also the target is read first, before any row of it is overwritten
+        for group in sorted(groups.values(), key=lambda g: g[0][1].cache is not cache):
+            source = group[0][1].cache
+            device = self.model.device
+            dst_rows = torch.cat([torch.full((s.count,), b) for b, s in group]).to(device)
+            dst_cols = torch.cat([torch.arange(start - s.count, start) for _, s in group])
+            src_rows = torch.cat([torch.full((s.count,), s.row) for _, s in group]).to(device)
+            src_cols = torch.cat([s.kv.slots(s.count) for _, s in group]).to(device)
+            dst_cols = dst_cols.to(device)
+            for dst, src_layer in zip(cache.layers, source.layers, strict=True):
+                _allocate(dst, src_layer.keys, batch)
+                dst.keys[dst_rows, :, dst_cols] = src_layer.keys[src_rows, :, src_cols]
+                dst.values[dst_rows, :, dst_cols] = src_layer.values[src_rows, :, src_cols]
+
+    def _prefill(
+        self, cache: Any, prompts: list[list[int]], sources: list[_Source | None]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[RowKV]]:
+        """Fill `cache` with the prompts' keys/values: held prefixes copied (right-aligned in
+        [0, C)), the rest computed (right-aligned in [C, C + S)). Returns the logits after each
+        prompt (B, V), which columns are real (B, C + S) and each row's layout."""
+        batch = len(prompts)
+        counts = [_count(s) for s in sources]
+        held, todo = _layout(prompts, counts)
+        width = held + todo
+        device = self.model.device
+        self._gather(cache, batch, sources, held)
+        ids = torch.full((batch, todo), self.pad_id, dtype=torch.long)
+        real = torch.zeros((batch, width), dtype=torch.bool)
+        rows: list[RowKV] = []
+        for b, (p, c) in enumerate(zip(prompts, counts, strict=True)):
+            rest = len(p) - c
+            ids[b, todo - rest :] = torch.tensor(p[c:], dtype=torch.long)
+            real[b, held - c : held] = True
+            real[b, width - rest :] = True
+            rows.append(RowKV(p, [(held - c, c), (width - rest, rest)]))
+        ids, real = ids.to(device), real.to(device)
+        # causal over the layout's columns, holes and padding hidden; a pad query sees itself
+        length = cache.layers[0].max_cache_len
+        keys = torch.arange(length, device=device)
+        queries = torch.arange(held, width, device=device)
+        visible = torch.zeros((batch, length), dtype=torch.bool, device=device)
+        visible[:, :width] = real
+        allowed = ((keys[None, :] <= queries[:, None])[None] & visible[:, None, :]) | (
+            keys[None, :] == queries[:, None]
+        )[None]
+        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        _rewind(cache, held)
+        logits = self._forward(cache, ids, positions[:, held:], allowed[:, None])
+        return logits, real, rows
+
     # --- model calls -----------------------------------------------------------------------
-    def _forward(
-        self, slot: _Slot, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
-    ) -> Any:
+    def _forward(self, cache: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> Any:
         with _attention(self._text_config, ATTENTION):
             out = self.model(
                 input_ids=ids,
@@ -263,13 +449,13 @@ class StaticDecoder:
                 position_ids=pos,
                 use_cache=True,
                 logits_to_keep=1,
-                **{self._cache_kw: slot.cache},
+                **{self._cache_kw: cache},
             )
         return out.logits[:, -1]
 
     def _feed(self, slot: _Slot) -> Any:
         """The one-token step over the slot's own buffers (run eagerly or captured)."""
-        return self._forward(slot, slot.tok, slot.pos, slot.mask)
+        return self._forward(slot.cache, slot.tok, slot.pos, slot.mask)
 
     def _step(self, slot: _Slot) -> torch.Tensor:
         """Logits (B, V) after feeding `slot.tok` (replayed when captured)."""
@@ -305,47 +491,40 @@ class StaticDecoder:
         with torch.cuda.graph(graph):
             slot.logits = self._feed(slot)
         slot.graph = graph
-        slot.rewind(prompt_len)
+        _rewind(slot.cache, prompt_len)
         self.captures += 1
 
     # --- decoding --------------------------------------------------------------------------
     def generate(
         self,
-        ids: torch.Tensor,
-        real: torch.Tensor,
+        plan: Plan,
         params: SamplingParams,
         warp: Callable[[torch.Tensor], torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample up to `params.max_new_tokens` after left-padded `ids` (B, W) whose real
-        tokens are `real` (B, W, 0/1). Returns the new ids (B, T) (pad after a row's end of
-        turn) and their log-probabilities (B, T) under `warp(float logits)`."""
-        batch, width = ids.shape
-        new = params.max_new_tokens
+        """Sample up to `params.max_new_tokens` after each of `plan.prompts` (see `plan`).
+        Returns the new ids (B, T) (pad after a row's end of turn) and their
+        log-probabilities (B, T) under `warp(float logits)`."""
+        prompts = plan.prompts
+        batch, new = len(prompts), params.max_new_tokens
         device = self.model.device
-        b_slot, l_slot = self._shape(batch, width + new)
-        slot = self._slot(b_slot, l_slot)
-        extra = b_slot - batch
-        if extra:  # bucket rows: copies of row 0, ended from the start
-            ids = torch.cat([ids, ids[:1].expand(extra, -1)])
-            real = torch.cat([real, real[:1].expand(extra, -1)])
-        ids, real = ids.to(device), real.to(device).bool()
-
-        # prefill: causal over the prompt, padding hidden; a pad query sees itself (no NaN rows)
-        q = torch.arange(width, device=device)
-        causal = q[None, :] <= q[:, None]  # (W, W) key <= query
-        allowed = (causal[None] & real[:, None, :]) | torch.eye(
-            width, dtype=torch.bool, device=device
-        )
-        prefill = torch.zeros((b_slot, 1, width, l_slot), dtype=torch.bool, device=device)
-        prefill[:, 0, :, :width] = allowed
-        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        b_slot, l_slot = self._shape(batch, plan.width + new)
         lap = self._now()
-        slot.rewind(0)
-        logits = self._forward(slot, ids, positions, prefill)
-
+        sources, computed = self._scratch_round(plan)
+        slot = self._slot(b_slot, l_slot, {id(s.cache) for s in sources if s is not None})
+        slot.held = None  # overwritten from here on
+        extra = b_slot - batch  # bucket rows: copies of row 0, ended from the start
+        logits, real, rows = self._prefill(
+            slot.cache, prompts + [prompts[0]] * extra, sources + [sources[0]] * extra
+        )
+        del sources  # the scratch cache and the sources' slots can go
+        self._trim()
+        computed += sum(r.segments[1][1] for r in rows[:batch])
+        self.counts["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.counts["computed_tokens"] += computed
+        width = real.shape[1]
         slot.mask.zero_()
         slot.mask[:, 0, 0, :width] = real
-        slot.pos.copy_(positions[:, -1:])
+        slot.pos.copy_(real.long().sum(-1, keepdim=True) - 1)
         lap = self._lap("prefill_s", lap)
         if self.use_graphs and slot.graph is None:
             self._capture(slot, width)
@@ -377,4 +556,38 @@ class StaticDecoder:
             if steps % CHECK_EVERY == 0 and bool(done.all()):
                 break
         self._lap("steps_s", lap)
+        if self.prefix_cache:
+            self._hold(slot, rows[:batch], out_ids[:batch, :steps], width)
         return out_ids[:batch, :steps], out_logp[:batch, :steps]
+
+    def _scratch_round(self, plan: Plan) -> tuple[list[_Source | None], int]:
+        """Prefill the leaders' prompts but their last token in a scratch cache (with what
+        they hold from earlier calls); returns every prompt's source for the final prefill
+        and the tokens computed here."""
+        sources = list(plan.sources)
+        if not plan.leaders:
+            return sources, 0
+        from transformers import StaticCache
+
+        heads = [plan.prompts[i][:-1] for i in plan.leaders]
+        clipped = [_clip(sources[i], len(h) - 1) for i, h in zip(plan.leaders, heads, strict=True)]
+        length = sum(_layout(heads, [_count(s) for s in clipped]))
+        scratch = StaticCache(config=self.model.config, max_cache_len=length)
+        _, _, lead = self._prefill(scratch, heads, clipped)
+        for n, i in enumerate(plan.leaders):
+            sources[i] = _Source(scratch, n, lead[n], len(heads[n]))
+        for i, (n, count) in plan.follow.items():
+            sources[i] = _Source(scratch, n, lead[n], count)
+        return sources, sum(r.segments[1][1] for r in lead)
+
+    def _hold(self, slot: _Slot, rows: list[RowKV], out_ids: torch.Tensor, width: int) -> None:
+        """Index what the slot's cache now holds for later calls: each prompt and the
+        generated tokens fed back (all but the last sampled one; nothing after end of turn)."""
+        steps = out_ids.shape[1]
+        index = PrefixIndex()
+        for row, ids in zip(rows, out_ids.cpu().tolist(), strict=True):
+            if self.eos_id in ids:
+                ids = ids[: ids.index(self.eos_id) + 1]
+            fed = min(len(ids), steps - 1)
+            index.add(RowKV(row.tokens + ids[:fed], [*row.segments, (width, fed)]))
+        slot.held, slot.weights = index, self._weights()

@@ -193,7 +193,11 @@ def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any
 
 def model_policy(model: Any, tokenizer: Any, cfg: Config, trainable: bool = True) -> ModelPolicy:
     backend = TransformersBackend(
-        model, tokenizer, max_batch_size=cfg.rollout.max_batch_size, decode=cfg.rollout.decode
+        model,
+        tokenizer,
+        max_batch_size=cfg.rollout.max_batch_size,
+        decode=cfg.rollout.decode,
+        prefix_cache=cfg.rollout.prefix_cache,
     )
     return ModelPolicy(backend, ChatRenderer(tokenizer, cfg.model.enable_thinking), trainable)
 
