@@ -508,7 +508,9 @@ def bench_decode(
 
 
 # --- one RL iteration -------------------------------------------------------------------------
-def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, Any]:
+def bench_rl(
+    plan: Plan, tmp: Path, compile_layers: bool = True, prefix_cache: bool = True
+) -> dict[str, Any]:
     from envace.config import load_config
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
@@ -523,7 +525,15 @@ def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, An
         prepare_tasks,
     )
 
-    cfg = load_config(None, [*plan.rl_overrides, "train.engine=deepspeed", "tensorboard=false"])
+    cfg = load_config(
+        None,
+        [
+            *plan.rl_overrides,
+            "train.engine=deepspeed",
+            "tensorboard=false",
+            f"rollout.prefix_cache={str(prefix_cache).lower()}",
+        ],
+    )
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
         cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": compile_layers}
     paths = RunPaths(tmp / "rl", str(tmp / "rl"))
@@ -546,6 +556,7 @@ def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, An
     backend: Any = policy.backend
     decoder = backend.static
     captures_before = decoder.captures if decoder is not None else 0
+    counts_before = dict(decoder.counts) if decoder is not None else {}
     if decoder is not None:  # phases of iteration 2's decoding (a sync at each boundary)
         decoder.profile = True
         decoder.timings = dict.fromkeys(decoder.timings, 0.0)
@@ -566,6 +577,12 @@ def bench_rl(plan: Plan, tmp: Path, compile_layers: bool = True) -> dict[str, An
         ),
         "decode_phases": (
             {k: round(v, 3) for k, v in decoder.timings.items()} if decoder is not None else {}
+        ),
+        "prefix_cache": prefix_cache if decoder is not None else None,
+        **(
+            {f"{k}_timed_iteration": v - counts_before[k] for k, v in decoder.counts.items()}
+            if decoder is not None
+            else {}
         ),
         "compile_layers": compile_layers if plan.device == "cuda" else False,
         "model_params_m": round(n_params(model) / 1e6, 1),
@@ -603,6 +620,13 @@ def _machine(plan: Plan) -> str:
                 name = line.split(":", 1)[1].strip()
                 break
     return f"{name}, {os.cpu_count()} CPU cores"
+
+
+def _computed(row: dict[str, Any]) -> str | None:
+    """'computed / prompt tokens' of an RL row's timed iteration (static decoder only)."""
+    if "prompt_tokens_timed_iteration" not in row:
+        return None
+    return f"{row['computed_tokens_timed_iteration']} / {row['prompt_tokens_timed_iteration']}"
 
 
 def _print_tables(report: dict[str, Any]) -> None:
@@ -672,6 +696,8 @@ def _print_tables(report: dict[str, Any]) -> None:
                 [
                     "RL iteration",
                     "trajectories",
+                    "prefix cache",
+                    "prompt tokens computed",
                     "rollout s",
                     "rollout tok/s",
                     "reward s",
@@ -683,6 +709,8 @@ def _print_tables(report: dict[str, Any]) -> None:
                     (
                         f"{r['model_params_m']} M params",
                         r["trajectories"],
+                        r.get("prefix_cache"),
+                        _computed(r),
                         r["rollout_s"],
                         r["rollout_tokens_per_s"],
                         r["reward_s"],
@@ -738,7 +766,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--profile", action="store_true", help="profile one extra step of each training case"
     )
     ap.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
+    ap.add_argument(
+        "--rl-prefix-cache",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="one RL iteration row per setting of rollout.prefix_cache (static decoder)",
+    )
     return ap.parse_args(argv)
+
+
+def _rl_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> None:
+    """One RL iteration row per `--rl-prefix-cache` setting."""
+    compiled = not args.no_rl_compile
+    for on in args.rl_prefix_cache:
+        base = {"what": "rl_iteration", "prefix_cache": on == "on"}
+        record(_guarded(base, lambda on=on: [bench_rl(plan, tmp / on, compiled, on == "on")]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -791,8 +834,7 @@ def main(argv: list[str] | None = None) -> int:
                     _guarded(base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, decoders))
                 )
         if "rl" not in args.skip and plan.rl_overrides:
-            compiled = not args.no_rl_compile
-            record(_guarded({"what": "rl_iteration"}, lambda: [bench_rl(plan, tmp, compiled)]))
+            _rl_rows(plan, tmp, args, record)
         if "train" not in args.skip:
             train(plan.train_late)
     _print_tables(report)

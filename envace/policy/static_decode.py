@@ -197,6 +197,22 @@ def _clip(source: _Source | None, limit: int) -> _Source | None:
     return _Source(source.cache, source.row, source.kv, limit) if limit > 0 else None
 
 
+def _worth(prompts: list[list[int]], sources: list[_Source | None]) -> list[_Source | None]:
+    """The held prefixes worth copying. Copied prefixes sit left of the computed columns, so a
+    call mixing long held prefixes with long remainders would widen every row (cache memory
+    and attention reads) and save nothing: keep the prefixes of at least `t` tokens for the
+    `t` that computes the fewest columns (rows x longest remainder) while the layout stays
+    within `FOLLOW_SUFFIX` columns of the longest prompt."""
+    widest = max(len(p) for p in prompts) + FOLLOW_SUFFIX
+    best, best_cost = 0, len(prompts) * max(len(p) for p in prompts)  # t = inf: nothing held
+    for t in sorted({_count(s) for s in sources} - {0}):
+        counts = [c if (c := _count(s)) >= t else 0 for s in sources]
+        held, todo = _layout(prompts, counts)
+        if held + todo <= widest and len(prompts) * todo < best_cost:
+            best, best_cost = t, len(prompts) * todo
+    return [s if best and _count(s) >= best else None for s in sources]
+
+
 def _layout(prompts: list[list[int]], counts: list[int]) -> tuple[int, int]:
     """(C, S): prefixes held are right-aligned in columns [0, C), the tokens to compute in
     [C, C + S)."""
@@ -303,7 +319,7 @@ class StaticDecoder:
         counters alone). Held prefixes are reused only under the weights that computed them."""
         params = list(self.model.parameters())
         flat = [p.detach().reshape(-1) for p in params if p.numel()]
-        probe = torch.cat([f[:: max(1, f.numel() // 8)].float() for f in flat])
+        probe = torch.cat([f[:: max(1, f.numel() // 8)].float() for f in flat] or [torch.zeros(0)])
         return hash(tuple((p.data_ptr(), p._version) for p in params)), probe
 
     def _same_weights(self, slot: _Slot, now: tuple[int, torch.Tensor]) -> bool:
@@ -376,8 +392,8 @@ class StaticDecoder:
                 elif len(p) > 1:
                     index.add(RowKV(p[:-1]))
                     leaders.append(i)
-            if not follow:
-                leaders = []
+            if not follow:  # no scratch round: the held prefixes worth their columns
+                leaders, sources = [], _worth(lists, sources)
         counts = [
             len(p) - 1 if i in leaders else follow[i][1] if i in follow else _count(sources[i])
             for i, p in enumerate(lists)
@@ -570,7 +586,9 @@ class StaticDecoder:
         from transformers import StaticCache
 
         heads = [plan.prompts[i][:-1] for i in plan.leaders]
-        clipped = [_clip(sources[i], len(h) - 1) for i, h in zip(plan.leaders, heads, strict=True)]
+        clipped = _worth(
+            heads, [_clip(sources[i], len(h) - 1) for i, h in zip(plan.leaders, heads, strict=True)]
+        )
         length = sum(_layout(heads, [_count(s) for s in clipped]))
         scratch = StaticCache(config=self.model.config, max_cache_len=length)
         _, _, lead = self._prefill(scratch, heads, clipped)

@@ -63,5 +63,8 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
     stages = rl["rollout_s"] + rl["reward_s"] + rl["update_s"] + rl["checkpoint_s"]
     assert rl["rows"] > 0 and stages == pytest.approx(rl["total_s"], abs=0.01)
     assert rl["decode"] == "static" and 0 < rl["decode_phases"]["steps_s"] <= rl["rollout_s"]
-    for header in ("tokens/s", "MFU", "ms/step", "rollout s", "checkpoint s"):
+    # prefix caching: the n rollouts of a task share their first prompt, at the least
+    assert rl["prefix_cache"] is True
+    assert 0 < rl["computed_tokens_timed_iteration"] < rl["prompt_tokens_timed_iteration"]
+    for header in ("tokens/s", "MFU", "ms/step", "rollout s", "checkpoint s", "prefix cache"):
         assert header in proc.stdout

@@ -151,3 +151,21 @@ def test_buckets_and_a_reused_slot_keep_prefixes_exact(
     assert len(backend.static._slots) == 1  # (8, 128) both times
     assert backend.static.counts["computed_tokens"] - before < sum(len(t) for t in turn2) / 4
     _assert_exact(micro_model, turn2, second)
+
+
+def test_a_held_prefix_that_would_only_widen_the_call_is_not_copied(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """Held prefixes sit left of the computed columns: next to a prompt with nothing held and a
+    longer remainder, copying saves no column and widens the cache, so the plan holds nothing;
+    next to a short new prompt it copies."""
+    backend = _backend(micro_model, tiny_tokenizer)
+    dec = _decoder(backend)
+    first = backend.generate([P1], SamplingParams(max_new_tokens=4, temperature=0.0))
+    turn2 = [*P1, *first[0].token_ids, 60, 61]
+    fresh = [(13 * i) % 180 + 9 for i in range(60)]
+    plan = dec.plan([turn2, fresh])
+    assert plan.sources == [None, None] and plan.width == 60
+    plan = dec.plan([turn2, P3])
+    assert plan.sources[0] is not None and plan.sources[0].count >= len(P1)
+    assert plan.width == plan.sources[0].count + len(P3)
