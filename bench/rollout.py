@@ -135,9 +135,12 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
             width,
             label=f"prefix cache {setting}",
         )
-    ax.set_xticks(range(len(modes)), [f"{m} rollout" for m in modes])
+    names = {"real": "evaluation (real worlds)", "rehearsal": "training (rehearsal)"}
+    ax.set_xticks(range(len(modes)), [names[m] for m in modes])
     ax.set_ylabel("generated tokens / s")
-    ax.legend()
+    ax.set_ylim(0, 1.3 * max(r["tokens_per_s"] for r in rows))
+    ax.set_title("rollout loop, prefix cache off / on")
+    ax.legend(ncol=2, loc="upper center")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
