@@ -285,21 +285,25 @@ class RLTrainer:
         missing = int(all_reduce_max(len(mbs))) - len(mbs)
         mbs += [filler] * missing
         weights += [0.0] * missing
-        with torch.no_grad():  # old log-probs of the policy that generated the rows
-            old = [learner.engine.logprobs(mb).detach() for mb in mbs]
+        epochs = self.cfg.train.ppo_epochs
+        with torch.no_grad():
             ref = [self._ref_logprobs(mb) for mb in mbs]
-        stats: dict[str, float] = {
-            "rows": float(total_rows),
-            "tokens": float(total_tokens),
-            "rollout_logprob_diff": _logprob_gap(mbs[:real], old[:real]),
-        }
-        for _ in range(self.cfg.train.ppo_epochs):
+            # Old log-probs (of the weights that generated the rows): with one pass they are
+            # the pass's own, since no optimizer step comes before its last micro-batch, so no
+            # extra forward over the batch (as TRL with num_iterations=1); several passes
+            # need them before the first step.
+            old = [learner.engine.logprobs(mb).detach() for mb in mbs] if epochs > 1 else []
+        stats: dict[str, float] = {"rows": float(total_rows), "tokens": float(total_tokens)}
+        for epoch in range(epochs):
             sums: dict[str, float] = {}
             maxima: dict[str, float] = {}
-            for mb, w, old_lp, ref_lp in zip(mbs, weights, old, ref, strict=True):
+            for i, (mb, w, ref_lp) in enumerate(zip(mbs, weights, ref, strict=True)):
+                logp = learner.engine.logprobs(mb)
+                if epochs == 1:
+                    old.append(logp.detach())
                 loss, s = policy_loss(
-                    learner.engine.logprobs(mb),
-                    old_lp,
+                    logp,
+                    old[i],
                     mb.advantages,
                     mb.response_mask,
                     self.loss_cfg,
@@ -316,6 +320,8 @@ class RLTrainer:
             stats.update({k: all_reduce_mean(v) for k, v in sorted(sums.items())})
             stats.update({k: all_reduce_max(maxima.get(k, 0.0)) for k in _MAX_STATS})
             stats["grad_norm"] = learner.engine.step()
+            if epoch == 0:
+                stats["rollout_logprob_diff"] = _logprob_gap(mbs[:real], old[:real])
         return stats
 
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:

@@ -1,0 +1,69 @@
+"""One PPO pass needs no separate old-log-prob forward: it lands on the same weights."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace.config import load_config
+from envace.policy.chat import ChatRenderer
+from envace.rollout.grading import TaskGrader
+from envace.train.rl import RLTrainer, RoleLearner
+from envace.train.run import RunPaths, _engine, init_model, load_splits, model_policy, prepare_tasks
+from tests.helpers.micro import MICRO
+
+
+def _trainer(cfg: Any, model: Any, tok: Any, tasks: Any) -> tuple[RLTrainer, Any]:
+    engine = _engine(cfg, model)
+    learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
+    return RLTrainer(cfg, tasks, model_policy(model, tok, cfg), [learner], TaskGrader()), engine
+
+
+def test_one_pass_uses_its_own_forward_as_the_old_logprobs(tmp_path: Path) -> None:
+    """ppo_epochs=1 runs one forward per micro-batch (the old log-probs are that forward's,
+    detached: no step comes before the pass ends) and ends on exactly the weights that the
+    first pass of a 2-pass update reaches, which computes the old log-probs first."""
+    cfg1 = load_config(None, [*MICRO, "train.micro_batch_rows=2"])
+    cfg2 = load_config(None, [*MICRO, "train.micro_batch_rows=2", "train.ppo_epochs=2"])
+    paths = RunPaths(tmp_path, str(tmp_path))
+    prepare_tasks(cfg1, paths)
+    splits = load_splits(paths.tasks)
+    model, tok = init_model(cfg1, splits, tmp_path / "init")
+    one, engine1 = _trainer(cfg1, copy.deepcopy(model), tok, splits.train)
+    rows, _ = one.collect(0)
+    for i, r in enumerate(rows):  # a random model earns no reward: give the rows a signal
+        r.advantage = 1.0 if i % 2 else -1.0
+    assert sum(1 for r in rows if r.trainable) >= 4
+
+    calls = {"n": 0}
+    forward = engine1.logprobs
+
+    def counting(mb: Any) -> Any:
+        calls["n"] += 1
+        return forward(mb)
+
+    engine1.logprobs = counting  # type: ignore[method-assign]
+    stats = one.update(rows)
+    micro_batches = -(-int(stats["policy/rows"]) // 2)
+    assert calls["n"] == micro_batches  # no second pass over the batch
+    assert stats["policy/rollout_logprob_diff"] < 1e-5  # sampled by these very weights
+
+    two, engine2 = _trainer(cfg2, copy.deepcopy(model), tok, splits.train)
+    after_first: dict[str, torch.Tensor] = {}
+    step = engine2.step
+
+    def snapshot() -> float:
+        norm = step()
+        if not after_first:
+            after_first.update({k: v.clone() for k, v in engine2.model.state_dict().items()})
+        return norm
+
+    engine2.step = snapshot  # type: ignore[method-assign]
+    two.update(rows)
+    got = engine1.model.state_dict()
+    assert any(not torch.equal(got[k], model.state_dict()[k]) for k in got)  # it trained
+    for k, v in after_first.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-6)
