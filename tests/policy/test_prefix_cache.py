@@ -169,3 +169,32 @@ def test_a_held_prefix_that_would_only_widen_the_call_is_not_copied(
     plan = dec.plan([turn2, P3])
     assert plan.sources[0] is not None and plan.sources[0].count >= len(P1)
     assert plan.width == plan.sources[0].count + len(P3)
+
+
+@pytest.mark.parametrize("bucket", [False, True], ids=["eager", "buckets"])
+def test_random_conversations_stay_exact(
+    micro_model: Any, tiny_tokenizer: Any, bucket: bool
+) -> None:
+    """Six calls of a seeded random mix: continued conversations, repeated prompts, prompts
+    sharing only a head, one-token prompts, fresh ones. Every returned log-probability equals a
+    teacher-forced forward, whatever mix of copied and computed prefixes each call used."""
+    import random
+
+    rng = random.Random(7)
+    backend = TransformersBackend(micro_model, tiny_tokenizer, decode="static")
+    backend.static = StaticDecoder(micro_model, backend.eos_id, backend.pad_id, bucket=bucket)
+    head = [rng.randrange(5, 400) for _ in range(20)]
+    history: list[list[int]] = [head + [rng.randrange(5, 400) for _ in range(k)] for k in (3, 9)]
+    for call in range(6):
+        prompts: list[list[int]] = []
+        for seq in rng.sample(history, min(len(history), 4)):  # the next turn of some
+            prompts.append([*seq, *[rng.randrange(5, 400) for _ in range(rng.randrange(1, 6))]])
+        prompts += [prompts[0]] * rng.randrange(0, 3)  # rollouts of one task
+        prompts.append(head + [rng.randrange(5, 400) for _ in range(rng.randrange(1, 30))])
+        prompts.append([rng.randrange(5, 400)])  # one token
+        params = SamplingParams(max_new_tokens=rng.randrange(2, 9), seed=call)
+        gens = backend.generate(prompts, params)
+        _assert_exact(micro_model, prompts, gens)
+        history += [p + g.token_ids for p, g in zip(prompts, gens, strict=True)]
+    counts = backend.static.counts
+    assert counts["computed_tokens"] < 0.6 * counts["prompt_tokens"]
