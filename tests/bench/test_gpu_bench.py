@@ -59,6 +59,8 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
     wall = static["ms_per_step"] * static["new"] / 1000
     assert 0 < sum(static["phases"].values()) <= wall * 1.05 + 0.01  # phases within the call
     assert static["phases"]["capture_s"] == 0  # no CUDA graph on the CPU
+    # the timed call's prompts are new: its whole prefill is computed (no prefix-cache hit)
+    assert static["prompt_tokens_computed"] == static["batch"] * static["prompt"]
     (rl,) = [r for r in report["results"] if r["what"] == "rl_iteration"]
     stages = rl["rollout_s"] + rl["reward_s"] + rl["update_s"] + rl["checkpoint_s"]
     assert rl["rows"] > 0 and stages == pytest.approx(rl["total_s"], abs=0.01)
