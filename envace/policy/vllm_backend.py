@@ -109,7 +109,13 @@ class _Engine:
         # model directly and there is no extra process to supervise.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        if current_platform.is_cpu():
+            # vLLM rewinds a seeded request's generator after a partial (chunked) prefill with
+            # `Generator.set_offset`, which CPU generators lack ("CPU Generator does not use
+            # offset"): on the CPU, prompts are prefilled whole.
+            engine_args = {"enable_chunked_prefill": False, **engine_args}
         self.llm = LLM(model=model_dir, **engine_args)
 
     def generate(

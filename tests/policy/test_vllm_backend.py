@@ -224,3 +224,20 @@ def test_every_wait_on_the_worker_has_a_deadline(checkpoint: Path) -> None:
 
     with pytest.raises(VLLMTimeout, match=r"no reply to 'start' within 1 s"):
         VLLMBackend(checkpoint, _options(start_timeout_s=1))
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_seeded_sampling_of_a_batch_over_one_prefill_step(backend: Any) -> None:
+    """More prompt tokens than one scheduler step takes (24 x 200 > 4,096): vLLM would prefill
+    some in chunks and rewind their seeded generators with `set_offset`, which CPU generators
+    lack ("CPU Generator does not use offset"); on the CPU the backend prefills prompts whole,
+    so a seeded call runs and repeats."""
+    from envace.policy.types import SamplingParams
+
+    g = torch.Generator().manual_seed(5)
+    prompts = torch.randint(3, 290, (24, 200), generator=g).tolist()
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, seed=7)
+    a, b = backend.generate(prompts, params), backend.generate(prompts, params)
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert all(x.token_ids for x in a)
