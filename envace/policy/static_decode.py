@@ -6,9 +6,11 @@ a 28-layer model, whatever the batch), so small-batch rollouts are bound by the 
 shape, so the decode step reads and writes the same tensors every time; on CUDA it is captured
 once per shape and replayed: one launch per step.
 
-One call: left-padded prompts (B, W) -> prefill (eager, any W) -> steps. Each step feeds the
-token sampled at the previous one; the input buffers (token, position, attention mask) are
-updated in place before the replay. The attention mask is ours, 4-D, so transformers passes it
+One call: plan (which prompt prefixes are already in a kept cache: `plan`, prefix_cache.py)
+-> prefill (eager: held prefixes copied into columns [0, C), the rest computed in [C, C + S),
+each right-aligned) -> steps. Each step feeds the token sampled at the previous one; the input
+buffers (token, position, attention mask) are updated in place before the replay. Positions
+count real tokens only, so the holes between a row's copied and computed parts change nothing. The attention mask is ours, 4-D, so transformers passes it
 through untouched: a key is visible if it is a real prompt token or an already generated one
 (later cache slots hold stale values from earlier calls and stay masked). The attention itself is
 ours too during these calls (`_decode_attention`): grouped-query attention that reads each
@@ -376,13 +378,16 @@ class StaticDecoder:
         follow: dict[int, tuple[int, int]] = {}
         if self.prefix_cache:
             now = self._weights()
-            held = [s for s in self._slots.values() if s.held and self._same_weights(s, now)]
+            held = [
+                (slot.cache, slot.held)
+                for slot in self._slots.values()
+                if slot.held is not None and self._same_weights(slot, now)
+            ]
             for i, p in enumerate(lists):
-                for slot in held:
-                    assert slot.held is not None
-                    row, count = slot.held.match(p, len(p) - 1)
+                for cache, kept in held:
+                    row, count = kept.match(p, len(p) - 1)
                     if count > _count(sources[i]):
-                        sources[i] = _Source(slot.cache, row, slot.held.rows[row], count)
+                        sources[i] = _Source(cache, row, kept.rows[row], count)
             index = PrefixIndex()
             for i, p in enumerate(lists):
                 number, count = index.match(p, len(p) - 1)
@@ -394,8 +399,9 @@ class StaticDecoder:
                     leaders.append(i)
             if not follow:  # no scratch round: the held prefixes worth their columns
                 leaders, sources = [], _worth(lists, sources)
+        lead = set(leaders)
         counts = [
-            len(p) - 1 if i in leaders else follow[i][1] if i in follow else _count(sources[i])
+            len(p) - 1 if i in lead else follow[i][1] if i in follow else _count(sources[i])
             for i, p in enumerate(lists)
         ]
         return Plan(lists, sources, leaders, follow, sum(_layout(lists, counts)))
