@@ -19,3 +19,10 @@ print('imports ok: deepspeed', deepspeed.__version__, 'torch', torch.__version__
 set -o pipefail
 timeout "${BENCH_TIMEOUT_S:-420}" python3 bench/gpu.py --mode gpu --no-vllm ${BENCH_ARGS:-} \
     --out "$out/bench-gpu.json" 2>&1 | tee "$out/bench-gpu.log"
+rc=$?
+# BENCH_CHECKPOINT=1: also split one RL checkpoint of the 0.6B shape into its parts (~1 min)
+if [ "${BENCH_CHECKPOINT:-0}" = 1 ]; then
+    timeout 240 python3 bench/checkpoint.py --shape qwen3-0.6b --device cuda \
+        --out "$out/bench-checkpoint.json" 2>&1 | tee "$out/bench-checkpoint.log"
+fi
+exit $rc
