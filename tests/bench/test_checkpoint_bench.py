@@ -1,35 +1,22 @@
-"""bench/checkpoint.py: the parts of an RL checkpoint, timed, on a micro model (DeepSpeed, CPU).
-
-Run as a subprocess, as the bench is run (DeepSpeed's import-time deprecation warnings would be
-errors under this suite's warning filter)."""
+"""bench/checkpoint.py: the parts of an RL checkpoint, timed, on a micro model (DeepSpeed, CPU),
+run as a subprocess (tests/bench/bench_testlib.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.bench_testlib import run_bench
 
 
 @pytest.mark.slow
 def test_checkpoint_bench_times_each_part(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed", reason="the checkpoint is the DeepSpeed engine's")
     out = tmp_path / "ckpt.json"
-    env = {
-        **os.environ,
-        "TORCH_EXTENSIONS_DIR": os.environ.get(
-            "TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")
-        ),
-        "DS_BUILD_OPS": "0",
-    }
-    cmd = [sys.executable, str(ROOT / "bench" / "checkpoint.py")]
-    cmd += ["--shape", "test-micro", "--device", "cpu", "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    args = ["--shape", "test-micro", "--device", "cpu", "--out", str(out)]
+    proc = run_bench("checkpoint.py", args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     row = json.loads(out.read_text())["result"]
     parts = ("hf_weights", "deepspeed_state", "manifest")

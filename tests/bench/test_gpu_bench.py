@@ -8,38 +8,18 @@ benchmark inside the test process.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.bench_testlib import run_bench
 
 
 @pytest.mark.slow
 def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed", reason="the training rows use the DeepSpeed engine")
     out = tmp_path / "bench.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TORCH_EXTENSIONS_DIR": os.environ.get(
-            "TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")
-        ),
-        "DS_BUILD_OPS": "0",
-    }
-    cmd = [
-        sys.executable,
-        str(ROOT / "bench" / "gpu.py"),
-        "--mode",
-        "quick",
-        "--no-vllm",
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = run_bench("gpu.py", ["--mode", "quick", "--no-vllm", "--out", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "quick" and report["measured_gemm_tflops"] > 0
