@@ -20,6 +20,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,6 @@ def run_once(
     make_env = None
     n = cfg.rollout.n
     if mode == "real":
-        from dataclasses import replace
-
         from envace.evaluate.runner import make_task_environment
 
         rcfg, make_env, n = replace(rcfg, mode="real"), make_task_environment, 1

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from envace.policy.static_decode import Plan, StaticDecoder, static_decode_supported
+from envace.policy.static_decode import StaticDecoder, static_decode_supported
 from envace.policy.types import Generation, SamplingParams, check_prompts
 
 __all__ = ["DecodeMode", "TransformersBackend", "load_model_and_tokenizer", "resolve_decode"]
@@ -187,11 +187,10 @@ class TransformersBackend:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         assert self.static is not None
-        plan: Plan | None = self.static.plan(prompts)
-        assert plan is not None
+        plan = self.static.plan(prompts)
         length = plan.width + params.max_new_tokens
         if not self.static.fits(len(prompts), length):
-            plan = None  # it refers to our caches
+            del plan  # it refers to our caches
             self.static.release()  # free them for the smaller calls (fits counted them)
             if len(prompts) > 1:  # halves until the cache fits
                 half = len(prompts) // 2

@@ -186,6 +186,7 @@ class Plan:
     leaders: list[int]  # prompts prefilled first, in a scratch cache (empty: no scratch)
     follow: dict[int, tuple[int, int]]  # prompt -> (leader number, tokens shared with it)
     width: int  # columns of the final prefill's layout (held prefixes + computed suffixes)
+    weights: tuple[int, torch.Tensor] | None = None  # `_weights()` when planned (prefix cache on)
 
 
 def _count(source: _Source | None) -> int:
@@ -205,13 +206,13 @@ def _worth(prompts: list[list[int]], sources: list[_Source | None]) -> list[_Sou
     and attention reads) and save nothing: keep the prefixes of at least `t` tokens for the
     `t` that computes the fewest columns (rows x longest remainder) while the layout stays
     within `FOLLOW_SUFFIX` columns of the longest prompt."""
-    widest = max(len(p) for p in prompts) + FOLLOW_SUFFIX
-    best, best_cost = 0, len(prompts) * max(len(p) for p in prompts)  # t = inf: nothing held
+    longest = max(len(p) for p in prompts)
+    best, best_todo = 0, longest  # t = inf: nothing held, the longest prompt computed
     for t in sorted({_count(s) for s in sources} - {0}):
         counts = [c if (c := _count(s)) >= t else 0 for s in sources]
         held, todo = _layout(prompts, counts)
-        if held + todo <= widest and len(prompts) * todo < best_cost:
-            best, best_cost = t, len(prompts) * todo
+        if held + todo <= longest + FOLLOW_SUFFIX and todo < best_todo:
+            best, best_todo = t, todo
     return [s if best and _count(s) >= best else None for s in sources]
 
 
@@ -376,8 +377,8 @@ class StaticDecoder:
         sources: list[_Source | None] = [None] * len(lists)
         leaders: list[int] = []
         follow: dict[int, tuple[int, int]] = {}
-        if self.prefix_cache:
-            now = self._weights()
+        now = self._weights() if self.prefix_cache else None
+        if now is not None:
             held = [
                 (slot.cache, slot.held)
                 for slot in self._slots.values()
@@ -404,7 +405,7 @@ class StaticDecoder:
             len(p) - 1 if i in lead else follow[i][1] if i in follow else _count(sources[i])
             for i, p in enumerate(lists)
         ]
-        return Plan(lists, sources, leaders, follow, sum(_layout(lists, counts)))
+        return Plan(lists, sources, leaders, follow, sum(_layout(lists, counts)), now)
 
     def _gather(self, cache: Any, batch: int, sources: list[_Source | None], start: int) -> None:
         """Copy each row's held prefix into columns [start - count, start) of `cache`."""
@@ -538,9 +539,9 @@ class StaticDecoder:
         logits, real, rows = self._prefill(
             slot.cache, prompts + [prompts[0]] * extra, sources + [sources[0]] * extra
         )
+        computed += sum(len(p) - _count(s) for p, s in zip(prompts, sources, strict=True))
         del sources  # the scratch cache and the sources' slots can go
         self._trim()
-        computed += sum(r.segments[1][1] for r in rows[:batch])
         self.counts["prompt_tokens"] += sum(len(p) for p in prompts)
         self.counts["computed_tokens"] += computed
         width = real.shape[1]
@@ -578,8 +579,8 @@ class StaticDecoder:
             if steps % CHECK_EVERY == 0 and bool(done.all()):
                 break
         self._lap("steps_s", lap)
-        if self.prefix_cache:
-            self._hold(slot, rows[:batch], out_ids[:batch, :steps], width)
+        if plan.weights is not None:
+            self._hold(slot, rows[:batch], out_ids[:batch, :steps], width, plan.weights)
         return out_ids[:batch, :steps], out_logp[:batch, :steps]
 
     def _scratch_round(self, plan: Plan) -> tuple[list[_Source | None], int]:
@@ -602,11 +603,19 @@ class StaticDecoder:
             sources[i] = _Source(scratch, n, lead[n], len(heads[n]))
         for i, (n, count) in plan.follow.items():
             sources[i] = _Source(scratch, n, lead[n], count)
-        return sources, sum(r.segments[1][1] for r in lead)
+        return sources, sum(len(h) - _count(s) for h, s in zip(heads, clipped, strict=True))
 
-    def _hold(self, slot: _Slot, rows: list[RowKV], out_ids: torch.Tensor, width: int) -> None:
-        """Index what the slot's cache now holds for later calls: each prompt and the
-        generated tokens fed back (all but the last sampled one; nothing after end of turn)."""
+    def _hold(
+        self,
+        slot: _Slot,
+        rows: list[RowKV],
+        out_ids: torch.Tensor,
+        width: int,
+        weights: tuple[int, torch.Tensor],
+    ) -> None:
+        """Index what the slot's cache now holds for later calls (computed under `weights`):
+        each prompt and the generated tokens fed back (all but the last sampled one; nothing
+        after end of turn)."""
         steps = out_ids.shape[1]
         index = PrefixIndex()
         for row, ids in zip(rows, out_ids.cpu().tolist(), strict=True):
@@ -614,4 +623,4 @@ class StaticDecoder:
                 ids = ids[: ids.index(self.eos_id) + 1]
             fed = min(len(ids), steps - 1)
             index.add(RowKV(row.tokens + ids[:fed], [*row.segments, (width, fed)]))
-        slot.held, slot.weights = index, self._weights()
+        slot.held, slot.weights = index, weights
