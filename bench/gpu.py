@@ -470,15 +470,70 @@ def _vllm_available(vllm_python: str | None) -> bool:
     return True
 
 
-DECODERS = ("static", "generate", "hf", "vllm")  # --decoders, in the order they run
+# --decoders, in the order they run: EnvACE's transformers backend with its static decoder (its
+# step's attention ours, or transformers' SDPA path: the comparison) or `model.generate`; bare
+# `model.generate` (hf); vLLM
+TRANSFORMERS_DECODERS = ("static", "static-sdpa", "generate")
+DECODERS = (*TRANSFORMERS_DECODERS, "hf", "vllm")
+
+
+def _step_profile(decoder: Any, device: str, out: Path, steps: int = 16) -> dict[str, Any]:
+    """Where one decode step's time goes, over the decoder's newest cache: the wall time per
+    step as a call runs it (the graph replayed on CUDA) and run eagerly, and the eager step's
+    device time (CPU: host time) by kind of op: matrix products with the weights (`mm`),
+    attention (`bmm`, SDPA), everything else (norms, rotary, softmax, cache writes). The op
+    table goes to `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def per_step(eager: bool) -> float:
+        decoder.run_steps(2, eager)  # warm
+        _sync(device)
+        t0 = time.perf_counter()
+        decoder.run_steps(steps, eager)
+        _sync(device)
+        return 1000 * (time.perf_counter() - t0) / steps
+
+    step_ms, eager_ms = per_step(False), per_step(True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        batch, length = decoder.run_steps(steps, eager=True)
+        _sync(device)
+    avg = prof.key_averages()
+    field = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    kinds = dict.fromkeys(("weights_mm", "attention", "other"), 0.0)
+    for ev in avg:
+        if device == "cuda" and ev.device_type != torch.autograd.DeviceType.CPU:
+            continue  # a kernel's own row: its time is already its launching op's
+        name, us = ev.key, getattr(ev, field)
+        if name in ("aten::mm", "aten::addmm"):
+            kinds["weights_mm"] += us
+        elif name == "aten::bmm" or "attention" in name or "scaled_dot_product" in name:
+            kinds["attention"] += us
+        elif name.startswith("aten::"):
+            kinds["other"] += us
+    out.write_text(avg.table(sort_by=field, row_limit=30))
+    print(f"profile of the decode step: {out}")
+    return {
+        "batch": batch,
+        "cache_len": length,
+        "step_ms": round(step_ms, 3),
+        "eager_step_ms": round(eager_ms, 3),
+        "profiled_ms_by_kind": {k: round(v / 1000 / steps, 3) for k, v in kinds.items()},
+    }
 
 
 def bench_decode(
-    case: DecodeCase, plan: Plan, vllm_python: str | None, tmp: Path, decoders: Sequence[str]
+    case: DecodeCase,
+    plan: Plan,
+    vllm_python: str | None,
+    tmp: Path,
+    decoders: Sequence[str],
+    profile_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """One decode case with each of `decoders`: EnvACE's transformers backend with its static
-    decoder (CUDA graphs on GPU) and with `model.generate`, bare `model.generate` (HF), vLLM."""
+    """One decode case with each of `decoders` (see DECODERS); with `profile_dir`, each static
+    decoder row also gets its step profile (`_step_profile`)."""
     from envace.policy.hf_backend import TransformersBackend
+    from envace.policy.static_decode import StaticDecoder
 
     shape = SHAPES[case.shape]
     _free(plan.device)
@@ -487,12 +542,19 @@ def bench_decode(
     ckpt = tmp / f"decode-{case.shape}"
     tok = _tokenizer(ckpt)
     results = []
-    for mode in [d for d in decoders if d in ("static", "generate")]:
-        backend = TransformersBackend(model, tok, max_batch_size=case.batch, decode=mode)
+    for mode in [d for d in decoders if d in TRANSFORMERS_DECODERS]:
+        backend = TransformersBackend(
+            model, tok, max_batch_size=case.batch, decode=mode.partition("-")[0]
+        )
+        if mode == "static-sdpa":  # the step's attention through transformers' SDPA path
+            backend.static = StaticDecoder(model, backend.eos_id, backend.pad_id, attention="sdpa")
         row, gens = _timed_backend(backend, case, shape.vocab, f"EnvACE transformers ({mode})")
         row["max_logprob_gap"] = _logprob_gap(model, _prompts(case, shape.vocab), gens)
         if backend.static is not None:
             row["graph_captures"] = backend.static.captures
+            if profile_dir is not None:
+                where = profile_dir / f"profile-decode-{mode}-{case.shape}-{case.batch}.txt"
+                row["step_profile"] = _step_profile(backend.static, plan.device, where)
         results.append({**base, **row})
         del backend
     if "hf" in decoders:
@@ -692,6 +754,33 @@ def _print_tables(report: dict[str, Any]) -> None:
             ],
         )
     )
+    profiled = [r for r in decode if "step_profile" in r]
+    if profiled:  # --profile: where a decode step's time goes (ms per step)
+        print()
+        print(
+            text_table(
+                [
+                    "decode step",
+                    "batch x cache",
+                    "step",
+                    "eager",
+                    "weights mm",
+                    "attention",
+                    "other",
+                ],
+                [
+                    (
+                        r["backend"],
+                        f"{p['batch']} x {p['cache_len']}",
+                        p["step_ms"],
+                        p["eager_step_ms"],
+                        *p["profiled_ms_by_kind"].values(),
+                    )
+                    for r in profiled
+                    for p in [r["step_profile"]]
+                ],
+            )
+        )
     for r in rl:
         print()
         print(
@@ -766,7 +855,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="GPU RL iteration without compile_layers (saves the compile time)",
     )
     ap.add_argument(
-        "--profile", action="store_true", help="profile one extra step of each training case"
+        "--profile",
+        action="store_true",
+        help="profile one extra step of each training case, and the decode step of each "
+        "static decoder row",
     )
     ap.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
     ap.add_argument(
@@ -812,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    prof_dir = args.out.parent if args.profile else None
 
     def record(rows: list[dict[str, Any]]) -> None:  # the JSON so far survives a killed run
         results.extend(rows)
@@ -834,7 +927,10 @@ def main(argv: list[str] | None = None) -> int:
             for d in plan.decode:
                 base = {"what": "decode", "backend": "all", **asdict(d)}
                 record(
-                    _guarded(base, lambda d=d: bench_decode(d, plan, vllm_python, tmp, decoders))
+                    _guarded(
+                        base,
+                        lambda d=d: bench_decode(d, plan, vllm_python, tmp, decoders, prof_dir),
+                    )
                 )
         if "rl" not in args.skip and plan.rl_overrides:
             _rl_rows(plan, tmp, args, record)

@@ -51,7 +51,10 @@ __all__ = ["Plan", "StaticDecoder", "static_decode_supported"]
 
 log = logging.getLogger(__name__)
 
-CHECK_EVERY = 8  # steps between host checks for "every row has ended" (each check is a sync)
+# steps between host checks for "every row has ended": on CUDA each check is a sync that stalls
+# the queue of replays; on the CPU it costs nothing and ends the call at the same step as
+# `model.generate` (so a seeded generator has drawn the same samples after the call)
+CHECK_EVERY = 8
 # a prompt follows an earlier one of its call only if at most this many of its tokens remain to
 # compute: every row of the final prefill pays for the longest remainder (padding)
 FOLLOW_SUFFIX = 64
@@ -229,6 +232,9 @@ class StaticDecoder:
     rollouts of a task; in earlier calls while their caches are kept: the conversation so far).
     max_slots: shapes kept (None: 2 on CUDA, where each is large, 4 elsewhere, enough for a
     caller call's cache to survive the rehearsal calls before the next one).
+    attention: the decode step's attention: `grouped` (`_decode_attention`) or `sdpa`
+    (transformers' SDPA path with our mask, the first version's; kept for the benchmark's
+    comparison: bench/gpu.py's `static-sdpa` decoder).
     """
 
     def __init__(
@@ -241,6 +247,7 @@ class StaticDecoder:
         bucket: bool | None = None,
         max_cache_bytes: int | None = None,
         prefix_cache: bool = True,
+        attention: str = "grouped",
     ) -> None:
         why = static_decode_supported(model)
         if why is not None:
@@ -255,6 +262,10 @@ class StaticDecoder:
         self.max_cache_bytes = max_cache_bytes
         self.max_slots = max_slots or (2 if model.device.type == "cuda" else 4)
         self.prefix_cache = prefix_cache
+        if attention not in ("grouped", "sdpa"):
+            raise ValueError(f"attention {attention!r}: use grouped or sdpa")
+        self._attention_name = ATTENTION if attention == "grouped" else "sdpa"
+        self._check_every = 1 if model.device.type == "cpu" else CHECK_EVERY
         # the cache keyword: `cache` (transformers >= 5.2x), `past_key_values` before
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         params = inspect.signature(base.forward).parameters
@@ -465,7 +476,7 @@ class StaticDecoder:
 
     # --- model calls -----------------------------------------------------------------------
     def _forward(self, cache: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> Any:
-        with _attention(self._text_config, ATTENTION):
+        with _attention(self._text_config, self._attention_name):
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -516,6 +527,28 @@ class StaticDecoder:
         slot.graph = graph
         _rewind(slot.cache, prompt_len)
         self.captures += 1
+
+    def run_steps(self, steps: int, eager: bool = False) -> tuple[int, int]:
+        """Run `steps` one-token steps over the newest slot's buffers as a call runs them (the
+        graph replayed where captured; `eager`: the model's forward instead), no sampling: for
+        benchmarks and profilers (a step costs the same whatever the tokens). The cache's
+        contents are overwritten, so what it held is forgotten. Returns the slot's (batch,
+        cache length)."""
+        if not self._slots:
+            raise RuntimeError("run_steps: no cache yet; generate once first")
+        slot = next(reversed(self._slots.values()))
+        batch, length = slot.mask.shape[0], slot.mask.shape[-1]
+        if not 0 < steps < length:
+            raise ValueError(f"run_steps: steps must be in [1, {length - 1}], got {steps}")
+        slot.held = None
+        with torch.inference_mode():
+            _rewind(slot.cache, length - steps)  # every write lands inside the cache
+            for _ in range(steps):
+                if eager:
+                    self._feed(slot)
+                else:
+                    self._step(slot)
+        return batch, length
 
     # --- decoding --------------------------------------------------------------------------
     def generate(
@@ -576,7 +609,7 @@ class StaticDecoder:
             out_logp[:, t] = logp
             done |= nxt == self.eos_id
             steps = t + 1
-            if steps % CHECK_EVERY == 0 and bool(done.all()):
+            if steps % self._check_every == 0 and bool(done.all()):
                 break
         self._lap("steps_s", lap)
         if plan.weights is not None:

@@ -99,7 +99,8 @@ def test_the_next_turn_reuses_the_conversation_so_far(
     follows. A call of other prompts in between (rehearsal) does not evict them."""
     backend = _backend(micro_model, tiny_tokenizer)
     dec = _decoder(backend)
-    params = SamplingParams(max_new_tokens=6, seed=1)  # 6 < CHECK_EVERY: every call runs 6 steps
+    # with this seed no call ends all its rows early: every call runs its 6 steps
+    params = SamplingParams(max_new_tokens=6, seed=1)
     first = backend.generate([P1, P2], params)
     backend.generate([P3, P3[:5]], params)  # another role's call
     tail = [40, 41, 42]

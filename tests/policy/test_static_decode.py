@@ -129,6 +129,67 @@ def test_grouped_decode_attention_equals_sdpa_with_repeated_heads() -> None:
     assert torch.allclose(out, want.transpose(1, 2), atol=1e-5)
 
 
+def test_the_sdpa_step_samples_what_the_grouped_step_samples(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """`attention="sdpa"` (the benchmark's comparison: transformers' SDPA path with our mask)
+    and the default grouped step compute the same attention: same samples, same log-probs."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
+    _, grouped = _backends(micro_model, tiny_tokenizer)
+    _, sdpa = _backends(micro_model, tiny_tokenizer, attention="sdpa")
+    want, got = grouped.generate(PROMPTS, params), sdpa.generate(PROMPTS, params)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    for a, b in zip(got, want, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    with pytest.raises(ValueError, match="use grouped or sdpa"):
+        StaticDecoder(micro_model, 1, 0, attention="flash")
+
+
+def test_a_cpu_call_ends_at_the_step_its_last_row_ends(micro_model: Any) -> None:
+    """On the CPU the end-of-rows check costs nothing, so it runs every step: the call stops
+    where `model.generate` stops (and draws no samples after), not at the next multiple of
+    the GPU's check interval."""
+    prompt = [5, 6, 7]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    free = StaticDecoder(micro_model, eos_id=-1, pad_id=0)  # never ends early
+    torch.manual_seed(0)
+    ids, _ = free.generate(free.plan([prompt]), params, lambda s: s)
+    seq = ids[0].tolist()
+    # the end: a token first sampled at step 3..6 (neither 8 nor 12, where the GPU checks)
+    stop = next(i for i in range(2, 6) if seq[i] not in seq[:i])
+    dec = StaticDecoder(micro_model, eos_id=seq[stop], pad_id=0)
+    torch.manual_seed(0)
+    ids, logp = dec.generate(dec.plan([prompt]), params, lambda s: s)
+    assert ids.shape == logp.shape == (1, stop + 1)
+    assert ids[0].tolist() == seq[: stop + 1]
+
+
+def test_run_steps_times_the_step_and_forgets_what_the_cache_held(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """`run_steps` (the benchmark's step profile) runs steps over the newest cache and marks
+    its contents forgotten: the next turn of the conversation computes its prefix again and
+    still gets the model's log-probabilities."""
+    _, static = _backends(micro_model, tiny_tokenizer)
+    dec = static.static
+    assert dec is not None
+    with pytest.raises(RuntimeError, match="generate once first"):
+        dec.run_steps(2)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=1)
+    first = static.generate([PROMPTS[2]], params)[0]
+    batch, length = dec.run_steps(3)
+    assert (batch, length) == (1, len(PROMPTS[2]) + 6)
+    assert dec.run_steps(2, eager=True) == (batch, length)
+    with pytest.raises(ValueError, match=r"steps must be in \[1, 10\]"):
+        dec.run_steps(length)
+    before = dec.counts["computed_tokens"]
+    turn = PROMPTS[2] + first.token_ids + [9, 10]
+    second = static.generate([turn], params)[0]
+    assert dec.counts["computed_tokens"] - before == len(turn)  # nothing reused
+    want = _teacher_forced(micro_model, turn, second.token_ids)
+    assert torch.allclose(torch.tensor(second.logprobs), want, atol=1e-4)
+
+
 def test_unsupported_models_and_modes_say_why(micro_model: Any) -> None:
     cfg = micro_model.config
     before = getattr(cfg, "layer_types", None)
