@@ -470,54 +470,60 @@ def _vllm_available(vllm_python: str | None) -> bool:
     return True
 
 
-# --decoders, in the order they run: EnvACE's transformers backend with its static decoder (its
-# step's attention ours, or transformers' SDPA path: the comparison) or `model.generate`; bare
-# `model.generate` (hf); vLLM
-TRANSFORMERS_DECODERS = ("static", "static-sdpa", "generate")
+# --decoders, in the order they run: EnvACE's transformers backend with its static decoder (the
+# step as configured by default; compiled: rollout.compile_decode; its attention through
+# transformers' SDPA path: the first GPU run's step) or `model.generate`; bare `model.generate`
+# (hf); vLLM
+TRANSFORMERS_DECODERS = ("static", "static-compiled", "static-sdpa", "generate")
 DECODERS = (*TRANSFORMERS_DECODERS, "hf", "vllm")
 
 
 def _step_profile(decoder: Any, device: str, out: Path, steps: int = 16) -> dict[str, Any]:
     """Where one decode step's time goes, over the decoder's newest cache: the wall time per
-    step as a call runs it (the graph replayed on CUDA) and run eagerly, and the eager step's
-    device time (CPU: host time) by kind of op: matrix products with the weights (`mm`),
-    attention (`bmm`, SDPA), everything else (norms, rotary, softmax, cache writes). The op
-    table goes to `out`."""
+    step as a call runs it (the graph replayed on CUDA) and called from Python without the
+    graph, and the device time (CPU: host time) of the step without the graph by kind of op:
+    matrix products with the weights (`mm`), attention (`bmm`, SDPA), everything else (norms,
+    rotary, softmax, casts, cache writes). The op table goes to `out`."""
     from torch.profiler import ProfilerActivity, profile
 
-    def per_step(eager: bool) -> float:
-        decoder.run_steps(2, eager)  # warm
+    def per_step(graph: bool) -> float:
+        decoder.run_steps(2, graph)  # warm
         _sync(device)
         t0 = time.perf_counter()
-        decoder.run_steps(steps, eager)
+        decoder.run_steps(steps, graph)
         _sync(device)
         return 1000 * (time.perf_counter() - t0) / steps
 
-    step_ms, eager_ms = per_step(False), per_step(True)
+    step_ms, no_graph_ms = per_step(True), per_step(False)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
-        batch, length = decoder.run_steps(steps, eager=True)
+        batch, length = decoder.run_steps(steps, graph=False)
         _sync(device)
     avg = prof.key_averages()
     field = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    kinds = dict.fromkeys(("weights_mm", "attention", "other"), 0.0)
+    kinds = dict.fromkeys(("weights_mm", "attention"), 0.0)
+    ops = kernels = 0.0  # all ops' time; on CUDA also the kernels' own rows (same time)
     for ev in avg:
-        if device == "cuda" and ev.device_type != torch.autograd.DeviceType.CPU:
-            continue  # a kernel's own row: its time is already its launching op's
-        name, us = ev.key, getattr(ev, field)
+        us = float(getattr(ev, field, None) or getattr(ev, "self_cuda_time_total", 0.0))
+        if ev.device_type != torch.autograd.DeviceType.CPU:
+            kernels += us
+            continue
+        ops += us
+        name = ev.key
         if name in ("aten::mm", "aten::addmm"):
             kinds["weights_mm"] += us
         elif name == "aten::bmm" or "attention" in name or "scaled_dot_product" in name:
             kinds["attention"] += us
-        elif name.startswith("aten::"):
-            kinds["other"] += us
+    # the rest: norms, rotary, casts, cache writes (and fused kernels when compiled; on the
+    # CPU also the host's own work)
+    kinds["other"] = (kernels if kernels > 0 else ops) - kinds["weights_mm"] - kinds["attention"]
     out.write_text(avg.table(sort_by=field, row_limit=30))
     print(f"profile of the decode step: {out}")
     return {
         "batch": batch,
         "cache_len": length,
         "step_ms": round(step_ms, 3),
-        "eager_step_ms": round(eager_ms, 3),
+        "no_graph_step_ms": round(no_graph_ms, 3),
         "profiled_ms_by_kind": {k: round(v / 1000 / steps, 3) for k, v in kinds.items()},
     }
 
@@ -529,9 +535,9 @@ def bench_decode(
     tmp: Path,
     decoders: Sequence[str],
     profile_dir: Path | None = None,
-) -> list[dict[str, Any]]:
-    """One decode case with each of `decoders` (see DECODERS); with `profile_dir`, each static
-    decoder row also gets its step profile (`_step_profile`)."""
+) -> Iterator[dict[str, Any]]:
+    """One decode case with each of `decoders` (see DECODERS), a row each as it is measured;
+    with `profile_dir`, each static decoder row also gets its step profile (`_step_profile`)."""
     from envace.policy.hf_backend import TransformersBackend
     from envace.policy.static_decode import StaticDecoder
 
@@ -541,10 +547,13 @@ def bench_decode(
     base = {"what": "decode", **asdict(case)}
     ckpt = tmp / f"decode-{case.shape}"
     tok = _tokenizer(ckpt)
-    results = []
     for mode in [d for d in decoders if d in TRANSFORMERS_DECODERS]:
         backend = TransformersBackend(
-            model, tok, max_batch_size=case.batch, decode=mode.partition("-")[0]
+            model,
+            tok,
+            max_batch_size=case.batch,
+            decode=mode.partition("-")[0],
+            compile_decode=mode == "static-compiled",
         )
         if mode == "static-sdpa":  # the step's attention through transformers' SDPA path
             backend.static = StaticDecoder(model, backend.eos_id, backend.pad_id, attention="sdpa")
@@ -555,10 +564,10 @@ def bench_decode(
             if profile_dir is not None:
                 where = profile_dir / f"profile-decode-{mode}-{case.shape}-{case.batch}.txt"
                 row["step_profile"] = _step_profile(backend.static, plan.device, where)
-        results.append({**base, **row})
+        yield {**base, **row}
         del backend
     if "hf" in decoders:
-        results.append({**base, **bench_decode_hf(case, plan, model)})
+        yield {**base, **bench_decode_hf(case, plan, model)}
     if "vllm" in decoders and _vllm_available(vllm_python):
         from envace.policy.vllm_backend import VLLMBackend
 
@@ -566,15 +575,18 @@ def bench_decode(
         del model
         _free(plan.device)
         with VLLMBackend(ckpt, _vllm_options(plan, vllm_python)) as vb:
-            results.append({**base, **_timed_backend(vb, case, shape.vocab, "EnvACE vLLM")[0]})
+            yield {**base, **_timed_backend(vb, case, shape.vocab, "EnvACE vLLM")[0]}
     elif "vllm" in decoders:
-        results.append({**base, "backend": "EnvACE vLLM", "status": "vLLM not available"})
-    return results
+        yield {**base, "backend": "EnvACE vLLM", "status": "vLLM not available"}
 
 
 # --- one RL iteration -------------------------------------------------------------------------
 def bench_rl(
-    plan: Plan, tmp: Path, compile_layers: bool = True, prefix_cache: bool = True
+    plan: Plan,
+    tmp: Path,
+    compile_layers: bool = True,
+    prefix_cache: bool = True,
+    compile_decode: bool = False,
 ) -> dict[str, Any]:
     from envace.config import load_config
     from envace.policy.chat import ChatRenderer
@@ -597,6 +609,7 @@ def bench_rl(
             "train.engine=deepspeed",
             "tensorboard=false",
             f"rollout.prefix_cache={str(prefix_cache).lower()}",
+            f"rollout.compile_decode={str(compile_decode).lower()}",
         ],
     )
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
@@ -644,6 +657,7 @@ def bench_rl(
             {k: round(v, 3) for k, v in decoder.timings.items()} if decoder is not None else {}
         ),
         "prefix_cache": prefix_cache if decoder is not None else None,
+        "compile_decode": compile_decode,
         **(
             {f"{k}_timed_iteration": v - counts_before[k] for k, v in decoder.counts.items()}
             if decoder is not None
@@ -670,9 +684,23 @@ def _guarded(base: dict[str, Any], run: Any) -> list[dict[str, Any]]:
     try:
         rows: list[dict[str, Any]] = run()
     except Exception as exc:
-        traceback.print_exc()
-        return [{**base, "status": f"error: {type(exc).__name__}: {exc}"[:300]}]
+        return [_failed(base, exc)]
     return rows
+
+
+def _failed(base: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    traceback.print_exc()
+    return {**base, "status": f"error: {type(exc).__name__}: {exc}"[:300]}
+
+
+def _record_each(base: dict[str, Any], rows: Iterator[dict[str, Any]], record: Any) -> None:
+    """Record each row as it comes (a run killed at its time limit keeps the rows before), or
+    a row saying why the rest failed."""
+    try:
+        for row in rows:
+            record([row])
+    except Exception as exc:
+        record([_failed(base, exc)])
 
 
 def _machine(plan: Plan) -> str:
@@ -763,7 +791,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                     "decode step",
                     "batch x cache",
                     "step",
-                    "eager",
+                    "no graph",
                     "weights mm",
                     "attention",
                     "other",
@@ -773,7 +801,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                         r["backend"],
                         f"{p['batch']} x {p['cache_len']}",
                         p["step_ms"],
-                        p["eager_step_ms"],
+                        p["no_graph_step_ms"],
                         *p["profiled_ms_by_kind"].values(),
                     )
                     for r in profiled
@@ -789,6 +817,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                     "RL iteration",
                     "trajectories",
                     "prefix cache",
+                    "compiled step",
                     "prompt tokens computed",
                     "rollout s",
                     "rollout tok/s",
@@ -802,6 +831,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                         f"{r['model_params_m']} M params",
                         r["trajectories"],
                         r.get("prefix_cache"),
+                        r.get("compile_decode"),
                         _computed(r),
                         r["rollout_s"],
                         r["rollout_tokens_per_s"],
@@ -860,6 +890,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile one extra step of each training case, and the decode step of each "
         "static decoder row",
     )
+    ap.add_argument(
+        "--rl-compile-decode",
+        action="store_true",
+        help="RL iteration rows with rollout.compile_decode (the static decoder's step compiled)",
+    )
     ap.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
     ap.add_argument(
         "--rl-prefix-cache",
@@ -876,7 +911,14 @@ def _rl_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> No
     compiled = not args.no_rl_compile
     for on in args.rl_prefix_cache:
         base = {"what": "rl_iteration", "prefix_cache": on == "on"}
-        record(_guarded(base, lambda on=on: [bench_rl(plan, tmp / on, compiled, on == "on")]))
+        record(
+            _guarded(
+                base,
+                lambda on=on: [
+                    bench_rl(plan, tmp / on, compiled, on == "on", args.rl_compile_decode)
+                ],
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -926,12 +968,8 @@ def main(argv: list[str] | None = None) -> int:
         if "decode" not in args.skip:
             for d in plan.decode:
                 base = {"what": "decode", "backend": "all", **asdict(d)}
-                record(
-                    _guarded(
-                        base,
-                        lambda d=d: bench_decode(d, plan, vllm_python, tmp, decoders, prof_dir),
-                    )
-                )
+                rows = bench_decode(d, plan, vllm_python, tmp, decoders, prof_dir)
+                _record_each(base, rows, record)
         if "rl" not in args.skip and plan.rl_overrides:
             _rl_rows(plan, tmp, args, record)
         if "train" not in args.skip:

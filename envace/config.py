@@ -87,6 +87,9 @@ class RolloutSection:
     # static decoder: reuse the keys/values of prompt prefixes already computed (the n rollouts
     # of a task, and each conversation's earlier turns while their caches are kept)
     prefix_cache: bool = True
+    # static decoder: the one-token step through torch.compile (fuses its small kernels; the
+    # first call pays the compile). Off by default: not yet measured on a GPU (docs/scale.md)
+    compile_decode: bool = False
     # transformers: the policy's own weights in this process. vllm: a vLLM engine loaded from
     # the checkpoint, its weights updated after every RL update (docs/scale.md).
     backend: Literal["transformers", "vllm"] = "transformers"
@@ -254,6 +257,11 @@ _RULES: list[tuple[str, Any, str]] = [
     ("rollout.temperature", lambda c: c.rollout.temperature >= 0, "must be >= 0"),
     ("rollout.top_p", lambda c: 0 < c.rollout.top_p <= 1, "must be in (0, 1]"),
     ("rollout.caller_max_new_tokens", lambda c: c.rollout.caller_max_new_tokens >= 1, ">= 1"),
+    (
+        "rollout.compile_decode",
+        lambda c: not c.rollout.compile_decode or c.rollout.decode != "generate",
+        "compiles the static decoder's step: needs rollout.decode: static or auto",
+    ),
     ("train.iterations", lambda c: c.train.iterations >= 0, "must be >= 0"),
     ("train.lr", lambda c: c.train.lr > 0, "must be > 0"),
     ("train.grad_clip", lambda c: c.train.grad_clip > 0, "must be > 0"),

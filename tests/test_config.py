@@ -57,6 +57,10 @@ def test_overrides_parse_yaml_scalars() -> None:
         (["algo.train_roles=simulator", "rollout.mode=real"], "use rollout.mode: rehearsal"),
         (["rollout.top_p=0"], "rollout.top_p: 0.0 must be in (0, 1]"),
         (["warm_start.grounding_dropout=2"], "warm_start.grounding_dropout: 2.0"),
+        (
+            ["rollout.decode=generate", "rollout.compile_decode=true"],
+            "rollout.compile_decode: True compiles the static decoder's step: needs rollout.decode",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(overrides: list[str], message: str) -> None:

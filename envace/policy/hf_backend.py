@@ -113,6 +113,7 @@ class TransformersBackend:
         max_batch_size: int = 64,
         decode: DecodeMode = "auto",
         prefix_cache: bool = True,
+        compile_decode: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -124,7 +125,19 @@ class TransformersBackend:
         self.decode = resolve_decode(decode, model)
         self.static: StaticDecoder | None = None
         if self.decode == "static":
-            self.static = StaticDecoder(model, self.eos_id, self.pad_id, prefix_cache=prefix_cache)
+            self.static = StaticDecoder(
+                model,
+                self.eos_id,
+                self.pad_id,
+                prefix_cache=prefix_cache,
+                compile_step=compile_decode,
+            )
+        elif compile_decode:
+            raise ValueError(
+                "compile_decode compiles the static decoder's step, and this backend decodes "
+                "with model.generate: set rollout.decode: static (or auto on a full-attention "
+                "model), or rollout.compile_decode: false"
+            )
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams

@@ -18,7 +18,9 @@ key/value head once (transformers' SDPA path copies them per query head when the
 
 Measured on the H200 (docs/benchmarks.md, 2026-11-30) before `_decode_attention`: the graph
 removes the host overhead, but SDPA's masked path made the step cost grow with batch x context
-(21.5 ms at 64 x 768, 63 ms at 256 x 640). The grouped products have not run on a GPU yet.
+(21.5 ms at 64 x 768, 63 ms at 256 x 640). The grouped products have not run on a GPU yet;
+`attention="sdpa"` keeps the first version's step for the benchmark's comparison, and
+`run_steps` runs bare steps for its step profile (bench/gpu.py --profile).
 
 Shapes are bucketed on CUDA (batch to a multiple of 8 / 32, cache length to a multiple of 128;
 extra rows are copies of the first prompt, marked done and dropped) so a rollout loop with
@@ -235,6 +237,10 @@ class StaticDecoder:
     attention: the decode step's attention: `grouped` (`_decode_attention`) or `sdpa`
     (transformers' SDPA path with our mask, the first version's; kept for the benchmark's
     comparison: bench/gpu.py's `static-sdpa` decoder).
+    compile_step: run the one-token step through `torch.compile` (dynamic shapes: one compile
+    serves every bucket; on CUDA the compiled step is what the graph captures). It fuses the
+    step's many small elementwise kernels (norms, rotary, casts); the first call pays the
+    compile (~20 s for tiny-4m on 2 CPU cores). The prefill stays eager.
     """
 
     def __init__(
@@ -248,6 +254,7 @@ class StaticDecoder:
         max_cache_bytes: int | None = None,
         prefix_cache: bool = True,
         attention: str = "grouped",
+        compile_step: bool = False,
     ) -> None:
         why = static_decode_supported(model)
         if why is not None:
@@ -266,6 +273,7 @@ class StaticDecoder:
             raise ValueError(f"attention {attention!r}: use grouped or sdpa")
         self._attention_name = ATTENTION if attention == "grouped" else "sdpa"
         self._check_every = 1 if model.device.type == "cpu" else CHECK_EVERY
+        self._compiled = torch.compile(self._model_step, dynamic=True) if compile_step else None
         # the cache keyword: `cache` (transformers >= 5.2x), `past_key_values` before
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         params = inspect.signature(base.forward).parameters
@@ -475,21 +483,33 @@ class StaticDecoder:
         return logits, real, rows
 
     # --- model calls -----------------------------------------------------------------------
+    def _model_step(
+        self, cache: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        return out.logits[:, -1]  # type: ignore[no-any-return]
+
     def _forward(self, cache: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> Any:
         with _attention(self._text_config, self._attention_name):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kw: cache},
-            )
-        return out.logits[:, -1]
+            return self._model_step(cache, ids, pos, mask)
 
     def _feed(self, slot: _Slot) -> Any:
-        """The one-token step over the slot's own buffers (run eagerly or captured)."""
-        return self._forward(slot.cache, slot.tok, slot.pos, slot.mask)
+        """The one-token step over the slot's own buffers (run eagerly or captured; compiled
+        with `compile_step`, whatever stance the caller set for layers compiled for training)."""
+        if self._compiled is None:
+            return self._forward(slot.cache, slot.tok, slot.pos, slot.mask)
+        with (
+            _attention(self._text_config, self._attention_name),
+            torch.compiler.set_stance("default"),
+        ):
+            return self._compiled(slot.cache, slot.tok, slot.pos, slot.mask)
 
     def _step(self, slot: _Slot) -> torch.Tensor:
         """Logits (B, V) after feeding `slot.tok` (replayed when captured)."""
@@ -528,12 +548,12 @@ class StaticDecoder:
         _rewind(slot.cache, prompt_len)
         self.captures += 1
 
-    def run_steps(self, steps: int, eager: bool = False) -> tuple[int, int]:
+    def run_steps(self, steps: int, graph: bool = True) -> tuple[int, int]:
         """Run `steps` one-token steps over the newest slot's buffers as a call runs them (the
-        graph replayed where captured; `eager`: the model's forward instead), no sampling: for
-        benchmarks and profilers (a step costs the same whatever the tokens). The cache's
-        contents are overwritten, so what it held is forgotten. Returns the slot's (batch,
-        cache length)."""
+        captured graph replayed where there is one; `graph=False`: the step called from Python,
+        eager or compiled), no sampling: for benchmarks and profilers (a step costs the same
+        whatever the tokens). The cache's contents are overwritten, so what it held is
+        forgotten. Returns the slot's (batch, cache length)."""
         if not self._slots:
             raise RuntimeError("run_steps: no cache yet; generate once first")
         slot = next(reversed(self._slots.values()))
@@ -544,10 +564,10 @@ class StaticDecoder:
         with torch.inference_mode():
             _rewind(slot.cache, length - steps)  # every write lands inside the cache
             for _ in range(steps):
-                if eager:
-                    self._feed(slot)
-                else:
+                if graph:
                     self._step(slot)
+                else:
+                    self._feed(slot)
         return batch, length
 
     # --- decoding --------------------------------------------------------------------------

@@ -198,6 +198,7 @@ def model_policy(model: Any, tokenizer: Any, cfg: Config, trainable: bool = True
         max_batch_size=cfg.rollout.max_batch_size,
         decode=cfg.rollout.decode,
         prefix_cache=cfg.rollout.prefix_cache,
+        compile_decode=cfg.rollout.compile_decode,
     )
     return ModelPolicy(backend, ChatRenderer(tokenizer, cfg.model.enable_thinking), trainable)
 

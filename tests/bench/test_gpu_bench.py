@@ -31,7 +31,7 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
         assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["step_s"], rel=0.01)
     decode = {r["backend"]: r for r in report["results"] if r["what"] == "decode"}
     assert decode["hf generate"]["tokens_per_s"] > 0
-    for mode in ("static", "static-sdpa", "generate"):
+    for mode in ("static", "static-compiled", "static-sdpa", "generate"):
         row = decode[f"EnvACE transformers ({mode})"]
         assert row["generated"] > 0 and row["tokens_per_s"] > 0
         assert row["max_logprob_gap"] < 1e-3  # fp32: the returned log-probs are the model's
@@ -43,10 +43,10 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
     # the timed call's prompts are new: its whole prefill is computed (no prefix-cache hit)
     assert static["prompt_tokens_computed"] == static["batch"] * static["prompt"]
     # --profile: each static decoder's step, timed and split by kind of op (a table per row)
-    for mode in ("static", "static-sdpa"):
+    for mode in ("static", "static-compiled", "static-sdpa"):
         prof = decode[f"EnvACE transformers ({mode})"]["step_profile"]
         assert (prof["batch"], prof["cache_len"]) == (static["batch"], static["prompt"] + 8)
-        assert prof["step_ms"] > 0 and prof["eager_step_ms"] > 0
+        assert prof["step_ms"] > 0 and prof["no_graph_step_ms"] > 0
         kinds = prof["profiled_ms_by_kind"]
         assert kinds["weights_mm"] > 0 and kinds["attention"] > 0 and kinds["other"] > 0
         table = tmp_path / f"profile-decode-{mode}-test-micro-4.txt"

@@ -145,6 +145,36 @@ def test_the_sdpa_step_samples_what_the_grouped_step_samples(
         StaticDecoder(micro_model, 1, 0, attention="flash")
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
+def test_a_compiled_step_samples_what_the_eager_step_samples(
+    micro_model: Any, tiny_tokenizer: Any
+) -> None:
+    """`compile_step` (rollout.compile_decode) runs the step through torch.compile (inductor,
+    C++ on the CPU): same tokens and log-probabilities as the eager step, over two calls of
+    different shapes (dynamic shapes: no compile per shape), and the model left uncompiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    sampled = SamplingParams(max_new_tokens=10, temperature=1.0, seed=5)
+    _, eager = _backends(micro_model, tiny_tokenizer)
+    compiled = TransformersBackend(micro_model, tiny_tokenizer, compile_decode=True)
+    assert compiled.static is not None and compiled.static._compiled is not None
+    graphs = []
+    for prompts, params in ((PROMPTS, greedy), (PROMPTS[:2], sampled)):
+        want, got = eager.generate(prompts, params), compiled.generate(prompts, params)
+        assert [g.token_ids for g in got] == [g.token_ids for g in want]
+        for a, b in zip(got, want, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > before and graphs[1] == graphs[0]  # compiled once, for both shapes
+    assert type(micro_model).__name__ == "Qwen3ForCausalLM"  # not an OptimizedModule
+    with pytest.raises(ValueError, match=r"rollout\.decode: static"):
+        TransformersBackend(micro_model, tiny_tokenizer, decode="generate", compile_decode=True)
+
+
 def test_a_cpu_call_ends_at_the_step_its_last_row_ends(micro_model: Any) -> None:
     """On the CPU the end-of-rows check costs nothing, so it runs every step: the call stops
     where `model.generate` stops (and draws no samples after), not at the next multiple of
@@ -179,7 +209,7 @@ def test_run_steps_times_the_step_and_forgets_what_the_cache_held(
     first = static.generate([PROMPTS[2]], params)[0]
     batch, length = dec.run_steps(3)
     assert (batch, length) == (1, len(PROMPTS[2]) + 6)
-    assert dec.run_steps(2, eager=True) == (batch, length)
+    assert dec.run_steps(2, graph=False) == (batch, length)
     with pytest.raises(ValueError, match=r"steps must be in \[1, 10\]"):
         dec.run_steps(length)
     before = dec.counts["computed_tokens"]
