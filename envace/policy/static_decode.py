@@ -496,20 +496,26 @@ class StaticDecoder:
         )
         return out.logits[:, -1]  # type: ignore[no-any-return]
 
-    def _forward(self, cache: Any, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> Any:
-        with _attention(self._text_config, self._attention_name):
-            return self._model_step(cache, ids, pos, mask)
-
-    def _feed(self, slot: _Slot) -> Any:
-        """The one-token step over the slot's own buffers (run eagerly or captured; compiled
-        with `compile_step`, whatever stance the caller set for layers compiled for training)."""
-        if self._compiled is None:
-            return self._forward(slot.cache, slot.tok, slot.pos, slot.mask)
+    def _forward(
+        self,
+        cache: Any,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        step: bool = False,
+    ) -> Any:
+        """The model over `ids` with our attention; the compiled step for a `step` with
+        `compile_step` (whatever stance the caller set for layers compiled for training)."""
+        compiled = self._compiled if step else None
         with (
             _attention(self._text_config, self._attention_name),
-            torch.compiler.set_stance("default"),
+            torch.compiler.set_stance("default") if compiled else contextlib.nullcontext(),
         ):
-            return self._compiled(slot.cache, slot.tok, slot.pos, slot.mask)
+            return (compiled or self._model_step)(cache, ids, pos, mask)
+
+    def _feed(self, slot: _Slot) -> Any:
+        """The one-token step over the slot's own buffers (run eagerly or captured)."""
+        return self._forward(slot.cache, slot.tok, slot.pos, slot.mask, step=True)
 
     def _step(self, slot: _Slot) -> torch.Tensor:
         """Logits (B, V) after feeding `slot.tok` (replayed when captured)."""
