@@ -133,6 +133,10 @@ class TrainConfig:
     warmup_iterations: int = 0
     ppo_epochs: int = 1  # optimizer passes over each batch (reference: 1, fully on-policy)
     micro_batch_rows: int = 16  # rows per forward/backward (gradient accumulation)
+    # also at most this many padded tokens per forward/backward (as verl's dynamic batch size,
+    # ppo_max_token_len_per_gpu): length-sorted rows under the budget, a longer row alone. Same
+    # update, less padding. null: rows only
+    micro_batch_tokens: int | None = None
     save_every: int = 10  # checkpoint every K iterations (and at the end)
     eval_every: int = 0  # evaluate on held-out tasks every K iterations (0: only at the end)
     seed: int = 0
@@ -146,7 +150,11 @@ class WarmStartConfig:
     enabled: bool = True
     epochs: float = 3.0
     lr: float = 1e-3
-    batch_rows: int = 16
+    batch_rows: int = 16  # rows per optimizer step
+    # padded tokens per forward/backward within a step's batch (see train.micro_batch_tokens):
+    # the batch's rows are random, so one micro-batch pads every row to the longest. null: one
+    # micro-batch per step
+    micro_batch_tokens: int | None = None
     max_tokens: int = 2048  # rows longer than this are dropped (counted)
     grounding_dropout: float = 0.5  # share of simulator rows built without grounding examples
 
@@ -267,6 +275,16 @@ _RULES: list[tuple[str, Any, str]] = [
     ("train.grad_clip", lambda c: c.train.grad_clip > 0, "must be > 0"),
     ("train.ppo_epochs", lambda c: c.train.ppo_epochs >= 1, "must be >= 1"),
     ("train.micro_batch_rows", lambda c: c.train.micro_batch_rows >= 1, "must be >= 1"),
+    (
+        "train.micro_batch_tokens",
+        lambda c: c.train.micro_batch_tokens is None or c.train.micro_batch_tokens >= 1,
+        "must be >= 1 or null",
+    ),
+    (
+        "warm_start.micro_batch_tokens",
+        lambda c: c.warm_start.micro_batch_tokens is None or c.warm_start.micro_batch_tokens >= 1,
+        "must be >= 1 or null",
+    ),
     ("train.save_every", lambda c: c.train.save_every >= 1, "must be >= 1"),
     ("algo.clip_low", lambda c: 0 < c.algo.clip_low < 1, "must be in (0, 1)"),
     ("algo.clip_high", lambda c: c.algo.clip_high > 0, "must be > 0"),

@@ -263,9 +263,12 @@ class RLTrainer:
         ordered = sorted(train_rows, key=lambda r: r.length)
         mine = partition(ordered, rank, world)
         device = next(learner.engine.model.parameters()).device
+        t = self.cfg.train
         mbs = [
             mb.to(device)
-            for mb in make_micro_batches(mine, self.cfg.train.micro_batch_rows, learner.pad_id)
+            for mb in make_micro_batches(
+                mine, t.micro_batch_rows, learner.pad_id, t.micro_batch_tokens
+            )
         ]
         total_rows = len(train_rows)
         total_tokens = all_reduce_sum(sum(mb.num_tokens for mb in mbs))

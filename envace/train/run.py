@@ -278,6 +278,7 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
         batch_rows=w.batch_rows,
         pad_id=renderer.pad_id,
         seed=cfg.seed,
+        micro_batch_tokens=w.micro_batch_tokens,
     )
     return {
         "rows": stats.rows,

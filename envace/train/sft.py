@@ -141,8 +141,11 @@ def run_sft(
     pad_id: int,
     seed: int,
     progress: bool = True,
+    micro_batch_tokens: int | None = None,
 ) -> SFTStats:
-    """Token-mean cross-entropy on response tokens; one optimizer step per batch of rows."""
+    """Token-mean cross-entropy on response tokens; one optimizer step per batch of rows,
+    accumulated over length-sorted micro-batches of at most `micro_batch_tokens` padded tokens
+    (None: the whole batch at once)."""
     if not rows:
         raise ValueError("no warm-start rows: check the gold conversations and the limits")
     rng = random.Random(seed)
@@ -158,7 +161,7 @@ def run_sft(
         batch, order = order[:batch_rows], order[batch_rows:]
         n_tokens = sum(r.num_trained for r in batch)
         loss_sum = 0.0
-        for mb in make_micro_batches(batch, batch_rows, pad_id):
+        for mb in make_micro_batches(batch, batch_rows, pad_id, micro_batch_tokens):
             logp = engine.logprobs(mb)
             loss = -(logp * mb.response_mask).sum() / n_tokens
             engine.backward(loss)

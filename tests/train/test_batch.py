@@ -95,3 +95,50 @@ def test_compiled_head_chunk_gives_the_same_logprobs_and_gradients(micro_model: 
     for name, grad in g_eager.items():
         torch.testing.assert_close(g_compiled[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     micro_model.zero_grad()
+
+
+def test_a_warm_start_token_budget_changes_the_padding_not_the_update(micro_model: Any) -> None:
+    """`warm_start.micro_batch_tokens`: each step's random batch is split into length-sorted
+    micro-batches under the budget (more forward passes, less padding) and accumulated into
+    the same step: same losses and weights as one micro-batch per step."""
+    import copy
+
+    from envace.train.engine import TorchEngine
+    from envace.train.sft import run_sft
+
+    g = torch.Generator().manual_seed(0)
+    rows = [
+        TrainRow(
+            torch.randint(3, 500, (int(n),), generator=g).tolist(),
+            torch.randint(3, 500, (4 + int(n) % 5,), generator=g).tolist(),
+        )
+        for n in torch.randint(3, 40, (12,), generator=g)
+    ]
+    results = []
+    for budget in (None, 48):
+        model = copy.deepcopy(micro_model)
+        engine = TorchEngine(model, 1e-2)
+        forward = engine.logprobs
+        calls = {"n": 0}
+
+        def counting(mb: Any, forward: Any = forward, calls: Any = calls) -> Any:
+            calls["n"] += 1
+            return forward(mb)
+
+        engine.logprobs = counting  # type: ignore[method-assign]
+        stats = run_sft(
+            engine,
+            rows,
+            epochs=2,
+            batch_rows=6,
+            pad_id=0,
+            seed=1,
+            progress=False,
+            micro_batch_tokens=budget,
+        )
+        results.append((stats.losses, model.state_dict(), calls["n"]))
+    (plain_losses, plain, plain_calls), (split_losses, split, split_calls) = results
+    assert plain_calls == 4 and split_calls > 2 * plain_calls  # 4 steps of 6 rows
+    assert split_losses == pytest.approx(plain_losses, abs=1e-5)
+    for k, v in plain.items():
+        torch.testing.assert_close(split[k], v, rtol=0, atol=1e-4)  # Adam: rounding in tiny grads
