@@ -57,6 +57,8 @@ def test_overrides_parse_yaml_scalars() -> None:
         (["algo.train_roles=simulator", "rollout.mode=real"], "use rollout.mode: rehearsal"),
         (["rollout.top_p=0"], "rollout.top_p: 0.0 must be in (0, 1]"),
         (["warm_start.grounding_dropout=2"], "warm_start.grounding_dropout: 2.0"),
+        (["warm_start.micro_batch_tokens=0"], "warm_start.micro_batch_tokens: 0 must be >= 1"),
+        (["train.micro_batch_tokens=-5"], "train.micro_batch_tokens: -5 must be >= 1 or null"),
         (
             ["rollout.decode=generate", "rollout.compile_decode=true"],
             "rollout.compile_decode: True compiles the static decoder's step: needs rollout.decode",

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from envace.config import load_config
@@ -67,3 +68,41 @@ def test_one_pass_uses_its_own_forward_as_the_old_logprobs(tmp_path: Path) -> No
     assert any(not torch.equal(got[k], model.state_dict()[k]) for k in got)  # it trained
     for k, v in after_first.items():
         torch.testing.assert_close(got[k], v, rtol=0, atol=1e-6)
+
+
+def test_a_token_budget_splits_the_micro_batches_not_the_update(tmp_path: Path) -> None:
+    """`train.micro_batch_tokens` caps each forward/backward's padded tokens: more, smaller
+    micro-batches, each weighted by its share of the batch, and the same weights after the
+    update as with rows-only micro-batches."""
+    cfg_rows = load_config(None, [*MICRO, "train.micro_batch_rows=8"])
+    cfg_tokens = load_config(
+        None, [*MICRO, "train.micro_batch_rows=8", "train.micro_batch_tokens=64"]
+    )
+    paths = RunPaths(tmp_path, str(tmp_path))
+    prepare_tasks(cfg_rows, paths)
+    splits = load_splits(paths.tasks)
+    model, tok = init_model(cfg_rows, splits, tmp_path / "init")
+    first, _ = _trainer(cfg_rows, copy.deepcopy(model), tok, splits.train)
+    rows, _ = first.collect(0)
+    for i, r in enumerate(rows):
+        r.advantage = 1.0 if i % 2 else -1.0
+    results = []
+    for cfg in (cfg_rows, cfg_tokens):
+        trainer, engine = _trainer(cfg, copy.deepcopy(model), tok, splits.train)
+        shapes: list[tuple[int, int]] = []
+        forward = engine.logprobs
+
+        def recording(mb: Any, forward: Any = forward, shapes: Any = shapes) -> Any:
+            shapes.append(tuple(mb.input_ids.shape))
+            return forward(mb)
+
+        engine.logprobs = recording  # type: ignore[method-assign]
+        stats = trainer.update(rows)
+        results.append((shapes, stats["policy/loss"], engine.model.state_dict()))
+    (by_rows_shapes, loss_rows, by_rows), (by_tokens_shapes, loss_tokens, by_tokens) = results
+    assert len(by_tokens_shapes) > len(by_rows_shapes)
+    assert all(b * t <= 64 or b == 1 for b, t in by_tokens_shapes)  # the budget, or one row
+    assert any(b * t > 64 for b, t in by_rows_shapes)  # without it, more padded tokens at once
+    assert loss_tokens == pytest.approx(loss_rows, abs=1e-6)
+    for k, v in by_rows.items():
+        torch.testing.assert_close(by_tokens[k], v, rtol=0, atol=1e-4)  # Adam: rounding
