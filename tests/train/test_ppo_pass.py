@@ -23,20 +23,28 @@ def _trainer(cfg: Any, model: Any, tok: Any, tasks: Any) -> tuple[RLTrainer, Any
     return RLTrainer(cfg, tasks, model_policy(model, tok, cfg), [learner], TaskGrader()), engine
 
 
+def _signed_rows(cfg: Any, tmp_path: Path) -> tuple[Any, Any, Any, list[Any]]:
+    """A random micro model, its tokenizer and tasks, and one rollout's rows with alternating
+    advantages (a random model earns no reward: this gives the rows a signal)."""
+    paths = RunPaths(tmp_path, str(tmp_path))
+    prepare_tasks(cfg, paths)
+    splits = load_splits(paths.tasks)
+    model, tok = init_model(cfg, splits, tmp_path / "init")
+    trainer, _ = _trainer(cfg, copy.deepcopy(model), tok, splits.train)
+    rows, _ = trainer.collect(0)
+    for i, r in enumerate(rows):
+        r.advantage = 1.0 if i % 2 else -1.0
+    return model, tok, splits, rows
+
+
 def test_one_pass_uses_its_own_forward_as_the_old_logprobs(tmp_path: Path) -> None:
     """ppo_epochs=1 runs one forward per micro-batch (the old log-probs are that forward's,
     detached: no step comes before the pass ends) and ends on exactly the weights that the
     first pass of a 2-pass update reaches, which computes the old log-probs first."""
     cfg1 = load_config(None, [*MICRO, "train.micro_batch_rows=2"])
     cfg2 = load_config(None, [*MICRO, "train.micro_batch_rows=2", "train.ppo_epochs=2"])
-    paths = RunPaths(tmp_path, str(tmp_path))
-    prepare_tasks(cfg1, paths)
-    splits = load_splits(paths.tasks)
-    model, tok = init_model(cfg1, splits, tmp_path / "init")
+    model, tok, splits, rows = _signed_rows(cfg1, tmp_path)
     one, engine1 = _trainer(cfg1, copy.deepcopy(model), tok, splits.train)
-    rows, _ = one.collect(0)
-    for i, r in enumerate(rows):  # a random model earns no reward: give the rows a signal
-        r.advantage = 1.0 if i % 2 else -1.0
     assert sum(1 for r in rows if r.trainable) >= 4
 
     calls = {"n": 0}
@@ -78,14 +86,7 @@ def test_a_token_budget_splits_the_micro_batches_not_the_update(tmp_path: Path) 
     cfg_tokens = load_config(
         None, [*MICRO, "train.micro_batch_rows=8", "train.micro_batch_tokens=64"]
     )
-    paths = RunPaths(tmp_path, str(tmp_path))
-    prepare_tasks(cfg_rows, paths)
-    splits = load_splits(paths.tasks)
-    model, tok = init_model(cfg_rows, splits, tmp_path / "init")
-    first, _ = _trainer(cfg_rows, copy.deepcopy(model), tok, splits.train)
-    rows, _ = first.collect(0)
-    for i, r in enumerate(rows):
-        r.advantage = 1.0 if i % 2 else -1.0
+    model, tok, splits, rows = _signed_rows(cfg_rows, tmp_path)
     results = []
     for cfg in (cfg_rows, cfg_tokens):
         trainer, engine = _trainer(cfg, copy.deepcopy(model), tok, splits.train)
