@@ -4,10 +4,12 @@ deprecation warnings would be errors under this suite's warning filter)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,3 +26,13 @@ def run_bench(script: str, args: list[str], cwd: Path) -> subprocess.CompletedPr
     }
     cmd = [sys.executable, str(ROOT / "bench" / script), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def run_bench_report(
+    script: str, args: list[str], cwd: Path, out: Path
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`run_bench`, which must succeed, and the JSON report it wrote to `out`."""
+    proc = run_bench(script, [*args, "--out", str(out)], cwd)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    return proc, report

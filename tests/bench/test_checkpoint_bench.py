@@ -3,22 +3,19 @@ run as a subprocess (tests/bench/bench_testlib.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.bench.bench_testlib import run_bench
+from tests.bench.bench_testlib import run_bench_report
 
 
 @pytest.mark.slow
 def test_checkpoint_bench_times_each_part(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed", reason="the checkpoint is the DeepSpeed engine's")
-    out = tmp_path / "ckpt.json"
-    args = ["--shape", "test-micro", "--device", "cpu", "--out", str(out)]
-    proc = run_bench("checkpoint.py", args, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    row = json.loads(out.read_text())["result"]
+    args = ["--shape", "test-micro", "--device", "cpu"]
+    proc, report = run_bench_report("checkpoint.py", args, tmp_path, tmp_path / "ckpt.json")
+    row = report["result"]
     parts = ("hf_weights", "deepspeed_state", "manifest")
     for k in parts:
         assert row[f"{k}_s"] > 0 and row[f"{k}_bytes"] > 0

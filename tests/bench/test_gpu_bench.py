@@ -7,22 +7,18 @@ benchmark inside the test process.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.bench.bench_testlib import run_bench
+from tests.bench.bench_testlib import run_bench_report
 
 
 @pytest.mark.slow
 def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed", reason="the training rows use the DeepSpeed engine")
-    out = tmp_path / "bench.json"
-    args = ["--mode", "quick", "--no-vllm", "--profile", "--out", str(out)]
-    proc = run_bench("gpu.py", args, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    report = json.loads(out.read_text())
+    args = ["--mode", "quick", "--no-vllm", "--profile"]
+    proc, report = run_bench_report("gpu.py", args, tmp_path, tmp_path / "bench.json")
     assert report["mode"] == "quick" and report["measured_gemm_tflops"] > 0
     train = [r for r in report["results"] if r["what"] == "train"]
     assert {r["engine"] for r in train} == {"torch", "deepspeed"}
