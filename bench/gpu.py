@@ -14,6 +14,10 @@ Every model is randomly initialised from a Qwen3 config of the named shape (no d
 - decode: generated tokens/s at a batch size: `model.generate` (HF, sampling, as in
   MEASUREMENTS.md), EnvACE's TransformersBackend (the same plus per-token log-probs) and the
   VLLMBackend when vLLM runs (in process, or through --vllm-python).
+- loop: the full rollout loop of RL training (parsing, episode state machine, rehearsal, turn
+  grading, advantages) at given trajectories per rollout (GPU: 64 and 256, the decode
+  baseline's batch sizes, with the real shape's full vocabulary), timed after a warm-up rollout:
+  generated tokens/s against MEASUREMENTS.md's static-cache `generate` rate at that batch.
 - rl: one RL iteration of the real loop (synthetic tasks, rehearsal, role-wise GRPO, update with
   the DeepSpeed engine, checkpoint), timed after one untimed warm-up iteration: rollout
   (generation, tool execution/rehearsal, turn grading), reward (trajectory rewards and
@@ -97,6 +101,7 @@ class Plan:
     steps: int
     rl_overrides: list[str] = field(default_factory=list)
     rl_shape: str | None = None  # replace the tiny policy by a random model of this shape
+    rollout_loop: tuple[int, ...] = ()  # trajectories per rollout of the rollout-loop rows
     train_late: list[TrainCase] = field(default_factory=list)
 
 
@@ -131,6 +136,7 @@ PLANS = {
         warmup=2,
         steps=5,
         rl_shape="qwen3-0.6b",
+        rollout_loop=(64, 256),  # the decode baseline's batch sizes
         rl_overrides=[
             "rollout.batch_tasks=16",
             "rollout.n=4",
@@ -159,6 +165,7 @@ PLANS = {
         warmup=1,
         steps=3,
         rl_overrides=["model.preset=tiny-4m", *_RL_SMALL],
+        rollout_loop=(8, 32),
     ),
     "quick": Plan(
         device="cpu",
@@ -175,6 +182,7 @@ PLANS = {
             "rollout.caller_max_new_tokens=12",
             "rollout.simulator_max_new_tokens=12",
         ],
+        rollout_loop=(4,),
     ),
 }
 
@@ -581,6 +589,131 @@ def bench_decode(
 
 
 # --- one RL iteration -------------------------------------------------------------------------
+def _rl_setup(
+    plan: Plan, tmp: Path, prefix_cache: bool, compile_decode: bool, extra: Sequence[str] = ()
+) -> tuple[Any, Any, Any, Any, Any]:
+    """(cfg, paths, splits, tiny model, tokenizer) of the plan's RL configuration: synthetic
+    tasks generated into `tmp` and the tiny model with a tokenizer trained on them."""
+    from envace.config import load_config
+    from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks
+
+    cfg = load_config(
+        None,
+        [
+            *plan.rl_overrides,
+            *extra,
+            "train.engine=deepspeed",
+            "tensorboard=false",
+            f"rollout.prefix_cache={str(prefix_cache).lower()}",
+            f"rollout.compile_decode={str(compile_decode).lower()}",
+        ],
+    )
+    paths = RunPaths(tmp, str(tmp))
+    prepare_tasks(cfg, paths)
+    splits = load_splits(paths.tasks)
+    model, tok = init_model(cfg, splits, paths.checkpoints / "init")
+    return cfg, paths, splits, model, tok
+
+
+def _real_body(plan: Plan, tok: Any, vocab: int, dtype: str) -> Any:
+    """A random model of the plan's real shape (`rl_shape`) for the task tokenizer, with a
+    vocabulary of `vocab` rows (ids the tokenizer does not know decode to nothing)."""
+    assert plan.rl_shape is not None
+    shape = SHAPES[plan.rl_shape]
+    model = build_model(Shape(**{**asdict(shape), "vocab": vocab}), dtype, plan.device)
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model
+
+
+def _decoder_snapshot(decoder: Any) -> tuple[int, dict[str, int]]:
+    """Start the phase timings of a timed rollout; (captures, counts) before it."""
+    if decoder is None:
+        return 0, {}
+    decoder.profile = True  # phases of the timed rollout (a sync at each boundary)
+    decoder.timings = dict.fromkeys(decoder.timings, 0.0)
+    return decoder.captures, dict(decoder.counts)
+
+
+def _decoder_stats(backend: Any, before: tuple[int, dict[str, int]]) -> dict[str, Any]:
+    """The static decoder's captures, phase times and prompt counts since `_decoder_snapshot`."""
+    decoder = backend.static
+    if decoder is None:
+        return {"decode": backend.decode, "graph_captures_timed_iteration": 0, "decode_phases": {}}
+    captures, counts = before
+    return {
+        "decode": backend.decode,
+        "graph_captures_timed_iteration": decoder.captures - captures,
+        "decode_phases": {k: round(v, 3) for k, v in decoder.timings.items()},
+        **{f"{k}_timed_iteration": v - counts[k] for k, v in decoder.counts.items()},
+    }
+
+
+# Decode rates the rollout loop must reach (MEASUREMENTS.md: `generate` with a static cache +
+# compile, Qwen3-0.6B, H200, bf16), by batch size: #5's target "inside the full rollout loop".
+GPU_DECODE_BASELINE = {64: 5134.0, 256: 7575.0}
+
+
+def bench_rollout_loop(
+    plan: Plan,
+    tmp: Path,
+    trajectories: int,
+    prefix_cache: bool = True,
+    compile_decode: bool = False,
+) -> dict[str, Any]:
+    """The full rollout loop of RL training (rehearsal: parsing, the episode state machine,
+    the policy writing tool results, turn grading, advantages) at `trajectories` episodes per
+    rollout, timed after one untimed warm-up rollout; no update in between (the trainer drops
+    its decode caches after each rollout, as in training). On GPU the policy is the plan's
+    real shape with its full vocabulary (the decode baseline's model), else the tiny model."""
+    from envace.config import load_config
+    from envace.rollout.grading import TaskGrader
+    from envace.train.rl import RLTrainer
+    from envace.train.run import model_policy
+
+    base = load_config(None, plan.rl_overrides)
+    tasks = -(-trajectories // base.rollout.n)
+    size = [
+        f"rollout.batch_tasks={tasks}",
+        f"tasks.n_train={max(tasks, base.tasks.n_train)}",  # distinct tasks in one rollout
+        f"rollout.max_batch_size={max(base.rollout.max_batch_size, tasks * base.rollout.n)}",
+    ]
+    cfg, _, splits, model, tok = _rl_setup(plan, tmp, prefix_cache, compile_decode, size)
+    r = cfg.rollout
+    if plan.rl_shape is not None:
+        model = _real_body(plan, tok, max(SHAPES[plan.rl_shape].vocab, len(tok)), plan.dtype)
+    model.to(device=plan.device, dtype=getattr(torch, plan.dtype))
+    policy = model_policy(model, tok, cfg)
+    trainer = RLTrainer(cfg, splits.train, policy, [], TaskGrader())
+    trainer.collect(0)  # warm-up: kernels, allocator, compilation
+    _sync(plan.device)
+    backend: Any = policy.backend
+    before = _decoder_snapshot(backend.static)
+    rows, metrics = trainer.collect(1)
+    rollout = float(metrics["time/rollout_s"])
+    generated = int(metrics["throughput/generated_tokens"])
+    tps = generated / rollout
+    baseline = GPU_DECODE_BASELINE.get(trajectories) if plan.device == "cuda" else None
+    return {
+        "what": "rollout_loop",
+        "trajectories": r.batch_tasks * r.n,
+        "tasks": r.batch_tasks,
+        "prefix_cache": prefix_cache,
+        "compile_decode": compile_decode,
+        "model_params_m": round(n_params(model) / 1e6, 1),
+        "vocab": model.config.vocab_size,
+        "max_new_tokens": r.caller_max_new_tokens,
+        "rows": len(rows),
+        "generated_tokens": generated,
+        "tokens_per_row": round(generated / max(1, len(rows)), 1),
+        "rollout_s": round(rollout, 3),
+        "tokens_per_s": round(tps, 1),
+        "baseline_tokens_per_s": baseline,
+        "meets_baseline": None if baseline is None else tps >= baseline,
+        **_decoder_stats(backend, before),
+    }
+
+
 def bench_rl(
     plan: Plan,
     tmp: Path,
@@ -588,41 +721,16 @@ def bench_rl(
     prefix_cache: bool = True,
     compile_decode: bool = False,
 ) -> dict[str, Any]:
-    from envace.config import load_config
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
     from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import (
-        RunPaths,
-        _engine,
-        _save_rl_checkpoint,
-        init_model,
-        load_splits,
-        model_policy,
-        prepare_tasks,
-    )
+    from envace.train.run import _engine, _save_rl_checkpoint, model_policy
 
-    cfg = load_config(
-        None,
-        [
-            *plan.rl_overrides,
-            "train.engine=deepspeed",
-            "tensorboard=false",
-            f"rollout.prefix_cache={str(prefix_cache).lower()}",
-            f"rollout.compile_decode={str(compile_decode).lower()}",
-        ],
-    )
+    cfg, paths, splits, model, tok = _rl_setup(plan, tmp / "rl", prefix_cache, compile_decode)
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
         cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": compile_layers}
-    paths = RunPaths(tmp / "rl", str(tmp / "rl"))
-    prepare_tasks(cfg, paths)
-    splits = load_splits(paths.tasks)
-    model, tok = init_model(cfg, splits, paths.checkpoints / "init")
     if plan.rl_shape is not None:  # same tokenizer (trained on the tasks), a real-size body
-        shape = SHAPES[plan.rl_shape]
-        model = build_model(Shape(**{**asdict(shape), "vocab": len(tok)}), "float32", plan.device)
-        model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
-        model.generation_config.pad_token_id = tok.pad_token_id
+        model = _real_body(plan, tok, len(tok), "float32")
     model.to(plan.device)
     engine = _engine(cfg, model)
     learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
@@ -632,12 +740,7 @@ def bench_rl(
     trainer.update(trainer.collect(0)[0])
     _sync(plan.device)
     backend: Any = policy.backend
-    decoder = backend.static
-    captures_before = decoder.captures if decoder is not None else 0
-    counts_before = dict(decoder.counts) if decoder is not None else {}
-    if decoder is not None:  # phases of iteration 2's decoding (a sync at each boundary)
-        decoder.profile = True
-        decoder.timings = dict.fromkeys(decoder.timings, 0.0)
+    before = _decoder_snapshot(backend.static)
     t0 = time.perf_counter()
     rows, metrics = trainer.collect(1)
     t1 = time.perf_counter()
@@ -649,20 +752,9 @@ def bench_rl(
     rollout = float(metrics["time/rollout_s"])
     return {
         "what": "rl_iteration",
-        "decode": backend.decode,
-        "graph_captures_timed_iteration": (
-            decoder.captures - captures_before if decoder is not None else 0
-        ),
-        "decode_phases": (
-            {k: round(v, 3) for k, v in decoder.timings.items()} if decoder is not None else {}
-        ),
-        "prefix_cache": prefix_cache if decoder is not None else None,
+        **_decoder_stats(backend, before),
+        "prefix_cache": prefix_cache if backend.static is not None else None,
         "compile_decode": compile_decode,
-        **(
-            {f"{k}_timed_iteration": v - counts_before[k] for k, v in decoder.counts.items()}
-            if decoder is not None
-            else {}
-        ),
         "compile_layers": compile_layers if plan.device == "cuda" else False,
         "model_params_m": round(n_params(model) / 1e6, 1),
         "trajectories": cfg.rollout.batch_tasks * cfg.rollout.n,
@@ -725,6 +817,7 @@ def _computed(row: dict[str, Any]) -> str | None:
 def _print_tables(report: dict[str, Any]) -> None:
     train = [r for r in report["results"] if r["what"] == "train"]
     decode = [r for r in report["results"] if r["what"] == "decode"]
+    loop = [r for r in report["results"] if r["what"] == "rollout_loop" and "rollout_s" in r]
     rl = [r for r in report["results"] if r["what"] == "rl_iteration" and "total_s" in r]
     for r in report["results"]:
         if str(r.get("status", "")).startswith("error"):
@@ -809,6 +902,39 @@ def _print_tables(report: dict[str, Any]) -> None:
                 ],
             )
         )
+    if loop:
+        print()
+        print(
+            text_table(
+                [
+                    "rollout loop",
+                    "trajectories",
+                    "prefix cache",
+                    "compiled step",
+                    "rows",
+                    "generated",
+                    "rollout s",
+                    "tokens/s",
+                    "baseline tok/s",
+                    "met",
+                ],
+                [
+                    (
+                        f"{r['model_params_m']} M params",
+                        r["trajectories"],
+                        r["prefix_cache"],
+                        r["compile_decode"],
+                        r["rows"],
+                        r["generated_tokens"],
+                        r["rollout_s"],
+                        r["tokens_per_s"],
+                        r["baseline_tokens_per_s"],
+                        r["meets_baseline"],
+                    )
+                    for r in loop
+                ],
+            )
+        )
     for r in rl:
         print()
         print(
@@ -864,7 +990,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--mode", choices=sorted(PLANS), default="gpu" if torch.cuda.is_available() else "cpu"
     )
     ap.add_argument("--out", type=Path, default=Path("bench-gpu.json"))
-    ap.add_argument("--skip", nargs="*", default=[], choices=["train", "decode", "rl"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["train", "decode", "loop", "rl"])
+    ap.add_argument(
+        "--rollout-loop",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="TRAJECTORIES",
+        help="rollout-loop rows at these trajectories per rollout (default: the mode's; "
+        "GPU: 64 256, the decode baseline's batch sizes)",
+    )
     ap.add_argument(
         "--vllm-python",
         default=None,
@@ -901,13 +1036,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         nargs="+",
         default=["on"],
         choices=["on", "off"],
-        help="one RL iteration row per setting of rollout.prefix_cache (static decoder)",
+        help="one RL iteration row and one row per rollout-loop size per setting of "
+        "rollout.prefix_cache (static decoder)",
     )
     return ap.parse_args(argv)
 
 
 def _rl_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> None:
     """One RL iteration row per `--rl-prefix-cache` setting."""
+    if "rl" in args.skip or not plan.rl_overrides:
+        return
     compiled = not args.no_rl_compile
     for on in args.rl_prefix_cache:
         base = {"what": "rl_iteration", "prefix_cache": on == "on"}
@@ -919,6 +1057,30 @@ def _rl_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> No
                 ],
             )
         )
+
+
+def _loop_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> None:
+    """One rollout-loop row per size and `--rl-prefix-cache` setting."""
+    if "loop" in args.skip or not plan.rl_overrides:
+        return
+    for size in args.rollout_loop or plan.rollout_loop:
+        for on in args.rl_prefix_cache:
+            base = {"what": "rollout_loop", "trajectories": size, "prefix_cache": on == "on"}
+            record(
+                _guarded(
+                    base,
+                    lambda size=size, on=on: [
+                        bench_rollout_loop(
+                            plan,
+                            tmp / f"loop-{size}-{on}",
+                            size,
+                            on == "on",
+                            args.rl_compile_decode,
+                        )
+                    ],
+                )
+            )
+            _free(plan.device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -970,8 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
                 base = {"what": "decode", "backend": "all", **asdict(d)}
                 rows = bench_decode(d, plan, vllm_python, tmp, decoders, prof_dir)
                 _record_each(base, rows, record)
-        if "rl" not in args.skip and plan.rl_overrides:
-            _rl_rows(plan, tmp, args, record)
+        _loop_rows(plan, tmp, args, record)
+        _rl_rows(plan, tmp, args, record)
         if "train" not in args.skip:
             train(plan.train_late)
     _print_tables(report)

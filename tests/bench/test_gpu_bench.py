@@ -1,5 +1,5 @@
 """bench/gpu.py's quick CPU mode end to end: training (torch and DeepSpeed engines), decoding,
-one RL iteration by stage; a table on stdout and a JSON report.
+the rollout loop, one RL iteration by stage; a table on stdout and a JSON report.
 
 Run in a subprocess: the DeepSpeed engine joins a process group, which must not outlive the
 benchmark inside the test process.
@@ -7,11 +7,14 @@ benchmark inside the test process.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.bench.bench_testlib import run_bench_report
+from tests.bench.bench_testlib import ROOT, run_bench_report
 
 
 @pytest.mark.slow
@@ -48,6 +51,16 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
         table = tmp_path / f"profile-decode-{mode}-test-micro-4.txt"
         assert "aten::mm" in table.read_text()
     assert "decode step" in proc.stdout and "attention" in proc.stdout
+    # the rollout loop at the mode's size: generated tokens over the rollout's wall time
+    (loop,) = [r for r in report["results"] if r["what"] == "rollout_loop"]
+    assert (loop["trajectories"], loop["tasks"], loop["prefix_cache"]) == (4, 2, True)
+    assert loop["rows"] >= loop["trajectories"] and loop["generated_tokens"] > 0
+    assert loop["tokens_per_s"] == pytest.approx(
+        loop["generated_tokens"] / loop["rollout_s"], rel=0.02
+    )
+    assert 0 < sum(loop["decode_phases"].values()) <= loop["rollout_s"]
+    assert loop["baseline_tokens_per_s"] is None and loop["meets_baseline"] is None  # CPU
+    assert 0 < loop["computed_tokens_timed_iteration"] < loop["prompt_tokens_timed_iteration"]
     (rl,) = [r for r in report["results"] if r["what"] == "rl_iteration"]
     stages = rl["rollout_s"] + rl["reward_s"] + rl["update_s"] + rl["checkpoint_s"]
     assert rl["rows"] > 0 and stages == pytest.approx(rl["total_s"], abs=0.01)
@@ -55,5 +68,27 @@ def test_quick_mode_reports_training_decoding_and_an_rl_iteration(tmp_path: Path
     # prefix caching: the n rollouts of a task share their first prompt, at the least
     assert rl["prefix_cache"] is True
     assert 0 < rl["computed_tokens_timed_iteration"] < rl["prompt_tokens_timed_iteration"]
-    for header in ("tokens/s", "MFU", "ms/step", "rollout s", "checkpoint s", "prefix cache"):
+    headers = ("tokens/s", "MFU", "ms/step", "rollout loop", "baseline tok/s", "checkpoint s")
+    for header in (*headers, "prefix cache"):
         assert header in proc.stdout
+
+
+def test_rollout_loop_on_a_real_shape_with_its_own_vocabulary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU plan's rollout-loop row (a real shape with its full vocabulary, larger than the
+    task tokenizer's: sampled ids the tokenizer does not know decode to nothing), run on the
+    CPU with the tiny-4m shape (4,096 ids over a ~1,000-token tokenizer). In process: no
+    DeepSpeed engine is built for a rollout."""
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu", bench)  # its dataclasses look themselves up
+    spec.loader.exec_module(bench)
+    quick = bench.PLANS["quick"]
+    plan = dataclasses.replace(quick, rl_shape="tiny-4m")
+    row = bench.bench_rollout_loop(plan, tmp_path, trajectories=6)
+    assert (row["trajectories"], row["tasks"]) == (6, 3)  # 3 tasks x rollout.n = 2
+    assert row["vocab"] == 4096 and row["model_params_m"] > 3  # the shape, not the tiny model
+    assert row["rows"] >= 6 and row["generated_tokens"] >= 6
+    assert row["tokens_per_s"] > 0 and row["decode"] == "static"
