@@ -1127,12 +1127,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         if "train" not in args.skip:
             train(plan.train)
+        _loop_rows(plan, tmp, args, record)  # first: the rollout target is measured here
         if "decode" not in args.skip:
             for d in plan.decode:
                 base = {"what": "decode", "backend": "all", **asdict(d)}
                 rows = bench_decode(d, plan, vllm_python, tmp, decoders, prof_dir)
                 _record_each(base, rows, record)
-        _loop_rows(plan, tmp, args, record)
         _rl_rows(plan, tmp, args, record)
         if "train" not in args.skip:
             train(plan.train_late)
