@@ -11,7 +11,8 @@ every name, id, PIN and amount of a call is copied from the conversation.
 
 Drill (`--train-steps N`): trains a fresh model of `--preset` (with the checkpoint's tokenizer)
 on such rows, L drawn from `--lengths`, with AdamW, and probes it every `--every` steps: how long
-the tiny presets take to learn copying from scratch on this machine.
+the tiny presets take to learn copying from scratch on this machine. `--save DIR` keeps the
+drilled model, e.g. to warm-start it (`envace run --set model.path=DIR`).
 Prints a table and writes JSON (--out).
 """
 
@@ -133,6 +134,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lengths", type=int, nargs=2, default=(8, 32), metavar=("MIN", "MAX"))
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--save", type=Path, default=None, help="save the drilled model (+ tokenizer) here"
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench-copy-probe.json"))
     return p.parse_args(argv)
 
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             every=args.every,
             seed=args.seed,
         )
+        if args.save is not None:  # e.g. as `model.path` of an `envace run` (warm start on)
+            from envace.policy.tiny import save_checkpoint
+
+            save_checkpoint(fresh, tok, args.save)
         report["drill"] = {
             "preset": args.preset,
             "lr": args.lr,

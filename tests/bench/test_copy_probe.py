@@ -56,11 +56,16 @@ def test_cli_probes_a_checkpoint_and_drills_a_fresh_model(
     out = tmp_path / "probe.json"
     args = ["--checkpoint", str(tmp_path / "ckpt"), "--vocab", "16", "--length", "6"]
     drill = ["--train-steps", "4", "--every", "2", "--preset", "test-micro", "--lengths", "4", "8"]
-    assert bench.main([*args, *drill, "--rows", "4", "--out", str(out)]) == 0
+    saved = tmp_path / "drilled"
+    assert bench.main([*args, *drill, "--rows", "4", "--save", str(saved), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["vocab"] == 16 and report["chance"] == pytest.approx(1 / 16, abs=1e-4)
     assert 0 <= report["copy_accuracy"] <= 1
     curve = report["drill"]["curve"]
     assert [c["step"] for c in curve] == [2, 4] and all(c["loss"] > 0 for c in curve)
+    from envace.policy.hf_backend import load_model_and_tokenizer
+
+    model, saved_tok = load_model_and_tokenizer(str(saved))  # the drilled model, loadable
+    assert model.config.hidden_size == 64 and len(saved_tok) == len(tok)
     with pytest.raises(SystemExit, match="--vocab 5000"):
         bench.main([*args[:2], "--vocab", "5000", "--out", str(out)])
