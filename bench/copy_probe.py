@@ -3,8 +3,8 @@
     python bench/copy_probe.py --checkpoint runs/local/checkpoints/warm_start
     python bench/copy_probe.py --checkpoint runs/local/checkpoints/init --train-steps 600
 
-Probe: rows of L random tokens (from the tokenizer's non-special vocabulary, or a random subset
-of `--vocab` of them) followed by the same L tokens; accuracy = the share of the repeat's
+Probe: rows of L random tokens (from the tokenizer's non-special vocabulary, its short
+letters-and-digits pieces with `--max-chars`, or a random subset of `--vocab` of them) followed by the same L tokens; accuracy = the share of the repeat's
 tokens 2..L that the model predicts greedily (the first one cannot be known). About 1 / vocab
 for a model that cannot copy, near 1 for one that can. The synthetic tasks need exactly this:
 every name, id, PIN and amount of a call is copied from the conversation.
@@ -111,10 +111,23 @@ def drill(
     return curve
 
 
-def drill_vocab(tokenizer: Any, size: int | None, seed: int = 1) -> torch.Tensor:
-    """The tokenizer's non-special ids, or a random subset of `size` of them."""
+def drill_vocab(
+    tokenizer: Any, size: int | None, max_chars: int | None = None, seed: int = 1
+) -> torch.Tensor:
+    """The tokenizer's non-special ids (with `max_chars`: only the letters-and-digits tokens of
+    at most that many characters, the pieces names, ids and numbers are made of), or a random
+    subset of `size` of them."""
     special = set(tokenizer.all_special_ids)
-    ids = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+    ids = torch.tensor(
+        [
+            i
+            for i in range(len(tokenizer))
+            if i not in special
+            and (max_chars is None or _value_piece(tokenizer.decode([i]), max_chars))
+        ]
+    )
+    if len(ids) < 2:
+        raise SystemExit(f"--max-chars {max_chars}: fewer than 2 such tokens in this tokenizer")
     if size is not None:
         if not 2 <= size <= len(ids):
             raise SystemExit(f"--vocab {size}: choose 2..{len(ids)} (this tokenizer's ids)")
@@ -122,10 +135,20 @@ def drill_vocab(tokenizer: Any, size: int | None, seed: int = 1) -> torch.Tensor
     return ids
 
 
+def _value_piece(text: str, max_chars: int) -> bool:
+    return text.isalnum() and len(text) <= max_chars
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="a Hugging Face folder")
     p.add_argument("--vocab", type=int, default=None, help="draw from this many ids (default all)")
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=None,
+        help="only letters-and-digits tokens of at most this many characters",
+    )
     p.add_argument("--length", type=int, default=24, help="probe: tokens before the repeat")
     p.add_argument("--train-steps", type=int, default=0, help="drill a fresh --preset model")
     p.add_argument("--preset", default="tiny-4m")
@@ -148,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.checkpoint / "config.json").is_file():
         raise SystemExit(f"--checkpoint {args.checkpoint}: no config.json (a Hugging Face folder)")
     model, tok = load_model_and_tokenizer(str(args.checkpoint))
-    vocab = drill_vocab(tok, args.vocab)
+    vocab = drill_vocab(tok, args.vocab, args.max_chars)
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, torch {torch.__version__}",

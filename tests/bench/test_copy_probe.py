@@ -69,3 +69,14 @@ def test_cli_probes_a_checkpoint_and_drills_a_fresh_model(
     assert model.config.hidden_size == 64 and len(saved_tok) == len(tok)
     with pytest.raises(SystemExit, match="--vocab 5000"):
         bench.main([*args[:2], "--vocab", "5000", "--out", str(out)])
+
+
+def test_value_pieces_are_the_short_letters_and_digits_tokens(bench: ModuleType) -> None:
+    from envace.policy.tiny import build_tokenizer
+
+    tok = build_tokenizer(["I am Nimi, PIN 3724. Move 25 dollars to ACC-19e7."] * 4, 300)
+    pieces = [tok.decode([int(i)]) for i in bench.drill_vocab(tok, None, max_chars=1)]
+    assert {"3", "7", "2", "4", "N", "e"} <= set(pieces)
+    assert all(p.isalnum() and len(p) == 1 for p in pieces)
+    every = bench.drill_vocab(tok, None)
+    assert len(pieces) < len(every)  # punctuation, spaces and longer merges left out
