@@ -90,6 +90,10 @@ class RolloutSection:
     # static decoder: the one-token step through torch.compile (fuses its small kernels; the
     # first call pays the compile). Off by default: not yet measured on a GPU (docs/scale.md)
     compile_decode: bool = False
+    # static decoder: keep its caches and CUDA graphs from one RL rollout to the next (no
+    # re-capture per rollout; held prefixes are still dropped once the weights change). Off:
+    # freed after every rollout, so the update has that memory (docs/scale.md)
+    keep_decode_cache: bool = False
     # transformers: the policy's own weights in this process. vllm: a vLLM engine loaded from
     # the checkpoint, its weights updated after every RL update (docs/scale.md).
     backend: Literal["transformers", "vllm"] = "transformers"

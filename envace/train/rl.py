@@ -198,7 +198,7 @@ class RLTrainer:
             local = self.engine.run(mine, n=cfg.rollout.n) if mine else []
         for policy in (self.engine.policy, self.engine.simulator):
             release = getattr(policy, "release", None)  # decode caches: the update needs the memory
-            if release is not None:
+            if release is not None and not cfg.rollout.keep_decode_cache:
                 release()
         t_rollout = time.perf_counter() - t0
         trajs = [t for part in gather_objects(local) for t in part]

@@ -264,8 +264,9 @@ def test_a_cache_over_budget_splits_the_batch_and_a_single_row_says_how_to_fix(
         static.generate([PROMPTS[0]], greedy)
 
 
-def test_rl_rollouts_release_the_decode_caches(tmp_path: Any) -> None:
-    """After `RLTrainer.collect` the static decoder holds no cache: the update gets the memory."""
+def _micro_trainer(tmp_path: Any, *overrides: str, tasks: int | None = None) -> tuple[Any, Any]:
+    """An RL trainer over the micro model (torch engine) on the first `tasks` training tasks
+    (default all), and its transformers backend."""
     from envace.config import load_config
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
@@ -280,15 +281,20 @@ def test_rl_rollouts_release_the_decode_caches(tmp_path: Any) -> None:
     )
     from tests.helpers.micro import MICRO
 
-    cfg = load_config(None, [*MICRO, "rollout.batch_tasks=1", "rollout.n=2"])
+    cfg = load_config(None, [*MICRO, "rollout.batch_tasks=1", "rollout.n=2", *overrides])
     paths = RunPaths(tmp_path, str(tmp_path))
     prepare_tasks(cfg, paths)
     splits = load_splits(paths.tasks)
     model, tok = init_model(cfg, splits, tmp_path / "init")
     policy = model_policy(model, tok, cfg)
     learner = RoleLearner(_engine(cfg, model), frozenset({"caller"}), ChatRenderer(tok).pad_id)
-    trainer = RLTrainer(cfg, splits.train, policy, [learner], TaskGrader())
-    backend: Any = policy.backend
+    train = splits.train[:tasks]
+    return RLTrainer(cfg, train, policy, [learner], TaskGrader()), policy.backend
+
+
+def test_rl_rollouts_release_the_decode_caches(tmp_path: Any) -> None:
+    """After `RLTrainer.collect` the static decoder holds no cache: the update gets the memory."""
+    trainer, backend = _micro_trainer(tmp_path)
     calls: list[int] = []
     generate = backend.static.generate
 
@@ -301,3 +307,27 @@ def test_rl_rollouts_release_the_decode_caches(tmp_path: Any) -> None:
     rows, _ = trainer.collect(0)
     assert rows and calls and min(calls) >= 1  # slots were held while rolling out
     assert backend.static._slots == {}
+
+
+def test_kept_decode_caches_serve_the_next_rollout_with_the_updated_weights(
+    tmp_path: Any,
+) -> None:
+    """`rollout.keep_decode_cache`: the caches (and, on CUDA, graphs) survive the rollout and
+    the update, and the next rollout samples from the updated weights: the prefixes held from
+    the previous weights are not reused (the update's rollout log-prob gap stays ~0). One task,
+    so the second rollout's prompts start as the first's did."""
+    trainer, backend = _micro_trainer(tmp_path, "rollout.keep_decode_cache=true", tasks=1)
+    rows, _ = trainer.collect(0)
+    kept = dict(backend.static._slots)
+    assert rows and kept  # not released
+    first = trainer.update(rows)
+    with torch.no_grad():  # a visible step (the micro update's advantages are ~0), in place
+        gen = torch.Generator().manual_seed(0)
+        for p in backend.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    rows, _ = trainer.collect(1)
+    assert any(backend.static._slots.get(k) is v for k, v in kept.items())  # a slot reused
+    second = trainer.update(rows)
+    for stats in (first, second):
+        gap = [v for k, v in stats.items() if k.endswith("rollout_logprob_diff")]
+        assert gap and max(gap) < 1e-5
