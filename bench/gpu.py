@@ -589,24 +589,26 @@ def bench_decode(
 
 
 # --- one RL iteration -------------------------------------------------------------------------
-def _rl_setup(
-    plan: Plan, tmp: Path, prefix_cache: bool, compile_decode: bool, extra: Sequence[str] = ()
-) -> tuple[Any, Any, Any, Any, Any]:
-    """(cfg, paths, splits, tiny model, tokenizer) of the plan's RL configuration: synthetic
-    tasks generated into `tmp` and the tiny model with a tokenizer trained on them."""
+def decode_settings(
+    prefix_cache: bool = True, compile_decode: bool = False, keep_decode_cache: bool = False
+) -> list[str]:
+    """Config overrides of the static decoder's settings an RL or rollout-loop row runs with."""
+    return [
+        f"rollout.prefix_cache={str(prefix_cache).lower()}",
+        f"rollout.compile_decode={str(compile_decode).lower()}",
+        f"rollout.keep_decode_cache={str(keep_decode_cache).lower()}",
+    ]
+
+
+def _rl_setup(plan: Plan, tmp: Path, overrides: Sequence[str]) -> tuple[Any, Any, Any, Any, Any]:
+    """(cfg, paths, splits, tiny model, tokenizer) of the plan's RL configuration with
+    `overrides`: synthetic tasks generated into `tmp` and the tiny model with a tokenizer
+    trained on them."""
     from envace.config import load_config
     from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks
 
     cfg = load_config(
-        None,
-        [
-            *plan.rl_overrides,
-            *extra,
-            "train.engine=deepspeed",
-            "tensorboard=false",
-            f"rollout.prefix_cache={str(prefix_cache).lower()}",
-            f"rollout.compile_decode={str(compile_decode).lower()}",
-        ],
+        None, [*plan.rl_overrides, "train.engine=deepspeed", "tensorboard=false", *overrides]
     )
     paths = RunPaths(tmp, str(tmp))
     prepare_tasks(cfg, paths)
@@ -635,14 +637,26 @@ def _decoder_snapshot(decoder: Any) -> tuple[int, dict[str, int]]:
     return decoder.captures, dict(decoder.counts)
 
 
-def _decoder_stats(backend: Any, before: tuple[int, dict[str, int]]) -> dict[str, Any]:
-    """The static decoder's captures, phase times and prompt counts since `_decoder_snapshot`."""
+def _decoder_stats(cfg: Any, backend: Any, before: tuple[int, dict[str, int]]) -> dict[str, Any]:
+    """The decoder's settings, and the static decoder's captures, phase times and prompt
+    counts since `_decoder_snapshot`."""
     decoder = backend.static
+    settings = {
+        "prefix_cache": cfg.rollout.prefix_cache if decoder is not None else None,
+        "compile_decode": cfg.rollout.compile_decode,
+        "keep_decode_cache": cfg.rollout.keep_decode_cache,
+    }
     if decoder is None:
-        return {"decode": backend.decode, "graph_captures_timed_iteration": 0, "decode_phases": {}}
+        return {
+            "decode": backend.decode,
+            **settings,
+            "graph_captures_timed_iteration": 0,
+            "decode_phases": {},
+        }
     captures, counts = before
     return {
         "decode": backend.decode,
+        **settings,
         "graph_captures_timed_iteration": decoder.captures - captures,
         "decode_phases": {k: round(v, 3) for k, v in decoder.timings.items()},
         **{f"{k}_timed_iteration": v - counts[k] for k, v in decoder.counts.items()},
@@ -655,17 +669,16 @@ GPU_DECODE_BASELINE = {64: 5134.0, 256: 7575.0}
 
 
 def bench_rollout_loop(
-    plan: Plan,
-    tmp: Path,
-    trajectories: int,
-    prefix_cache: bool = True,
-    compile_decode: bool = False,
+    plan: Plan, tmp: Path, trajectories: int, settings: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The full rollout loop of RL training (rehearsal: parsing, the episode state machine,
     the policy writing tool results, turn grading, advantages) at `trajectories` episodes per
-    rollout, timed after one untimed warm-up rollout; no update in between (the trainer drops
-    its decode caches after each rollout, as in training). On GPU the policy is the plan's
-    real shape with its full vocabulary (the decode baseline's model), else the tiny model."""
+    rollout, timed after one untimed warm-up rollout, with the decoder `settings`
+    (`decode_settings`). No update in between: the trainer drops its decode caches after each
+    rollout as in training, and with `keep_decode_cache` the weights are marked as changed (an
+    in-place no-op, as an optimizer step leaves them) so that held prefixes are not reused. On
+    GPU the policy is the plan's real shape with its full vocabulary (the decode baseline's
+    model), else the tiny model."""
     from envace.config import load_config
     from envace.rollout.grading import TaskGrader
     from envace.train.rl import RLTrainer
@@ -678,7 +691,7 @@ def bench_rollout_loop(
         f"tasks.n_train={max(tasks, base.tasks.n_train)}",  # distinct tasks in one rollout
         f"rollout.max_batch_size={max(base.rollout.max_batch_size, tasks * base.rollout.n)}",
     ]
-    cfg, _, splits, model, tok = _rl_setup(plan, tmp, prefix_cache, compile_decode, size)
+    cfg, _, splits, model, tok = _rl_setup(plan, tmp, [*size, *settings])
     r = cfg.rollout
     if plan.rl_shape is not None:
         model = _real_body(plan, tok, max(SHAPES[plan.rl_shape].vocab, len(tok)), plan.dtype)
@@ -686,6 +699,9 @@ def bench_rollout_loop(
     policy = model_policy(model, tok, cfg)
     trainer = RLTrainer(cfg, splits.train, policy, [], TaskGrader())
     trainer.collect(0)  # warm-up: kernels, allocator, compilation
+    with torch.no_grad():  # what an update does to the weights, for the decoder's fingerprint
+        for p in model.parameters():
+            p.add_(0)
     _sync(plan.device)
     backend: Any = policy.backend
     before = _decoder_snapshot(backend.static)
@@ -698,8 +714,6 @@ def bench_rollout_loop(
         "what": "rollout_loop",
         "trajectories": r.batch_tasks * r.n,
         "tasks": r.batch_tasks,
-        "prefix_cache": prefix_cache,
-        "compile_decode": compile_decode,
         "model_params_m": round(n_params(model) / 1e6, 1),
         "vocab": model.config.vocab_size,
         "max_new_tokens": r.caller_max_new_tokens,
@@ -710,23 +724,21 @@ def bench_rollout_loop(
         "tokens_per_s": round(tps, 1),
         "baseline_tokens_per_s": baseline,
         "meets_baseline": None if baseline is None else tps >= baseline,
-        **_decoder_stats(backend, before),
+        **_decoder_stats(cfg, backend, before),
     }
 
 
 def bench_rl(
-    plan: Plan,
-    tmp: Path,
-    compile_layers: bool = True,
-    prefix_cache: bool = True,
-    compile_decode: bool = False,
+    plan: Plan, tmp: Path, compile_layers: bool = True, settings: Sequence[str] = ()
 ) -> dict[str, Any]:
+    """One RL iteration (rollout, reward, update, checkpoint) timed after a warm-up iteration,
+    with the decoder `settings` (`decode_settings`)."""
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
     from envace.train.rl import RLTrainer, RoleLearner
     from envace.train.run import _engine, _save_rl_checkpoint, model_policy
 
-    cfg, paths, splits, model, tok = _rl_setup(plan, tmp / "rl", prefix_cache, compile_decode)
+    cfg, paths, splits, model, tok = _rl_setup(plan, tmp / "rl", settings)
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
         cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": compile_layers}
     if plan.rl_shape is not None:  # same tokenizer (trained on the tasks), a real-size body
@@ -752,9 +764,7 @@ def bench_rl(
     rollout = float(metrics["time/rollout_s"])
     return {
         "what": "rl_iteration",
-        **_decoder_stats(backend, before),
-        "prefix_cache": prefix_cache if backend.static is not None else None,
-        "compile_decode": compile_decode,
+        **_decoder_stats(cfg, backend, before),
         "compile_layers": compile_layers if plan.device == "cuda" else False,
         "model_params_m": round(n_params(model) / 1e6, 1),
         "trajectories": cfg.rollout.batch_tasks * cfg.rollout.n,
@@ -911,6 +921,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                     "trajectories",
                     "prefix cache",
                     "compiled step",
+                    "kept cache",
                     "rows",
                     "generated",
                     "rollout s",
@@ -924,6 +935,7 @@ def _print_tables(report: dict[str, Any]) -> None:
                         r["trajectories"],
                         r["prefix_cache"],
                         r["compile_decode"],
+                        r["keep_decode_cache"],
                         r["rows"],
                         r["generated_tokens"],
                         r["rollout_s"],
@@ -1030,6 +1042,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="RL iteration rows with rollout.compile_decode (the static decoder's step compiled)",
     )
+    ap.add_argument(
+        "--keep-decode-cache",
+        action="store_true",
+        help="rollout-loop and RL rows with rollout.keep_decode_cache (no graph re-capture "
+        "per rollout)",
+    )
     ap.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
     ap.add_argument(
         "--rl-prefix-cache",
@@ -1042,6 +1060,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _settings(args: argparse.Namespace, prefix_cache: str) -> list[str]:
+    return decode_settings(prefix_cache == "on", args.rl_compile_decode, args.keep_decode_cache)
+
+
 def _rl_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> None:
     """One RL iteration row per `--rl-prefix-cache` setting."""
     if "rl" in args.skip or not plan.rl_overrides:
@@ -1049,14 +1071,8 @@ def _rl_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> No
     compiled = not args.no_rl_compile
     for on in args.rl_prefix_cache:
         base = {"what": "rl_iteration", "prefix_cache": on == "on"}
-        record(
-            _guarded(
-                base,
-                lambda on=on: [
-                    bench_rl(plan, tmp / on, compiled, on == "on", args.rl_compile_decode)
-                ],
-            )
-        )
+        settings = _settings(args, on)
+        record(_guarded(base, lambda s=settings, on=on: [bench_rl(plan, tmp / on, compiled, s)]))
 
 
 def _loop_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> None:
@@ -1071,11 +1087,7 @@ def _loop_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> 
                     base,
                     lambda size=size, on=on: [
                         bench_rollout_loop(
-                            plan,
-                            tmp / f"loop-{size}-{on}",
-                            size,
-                            on == "on",
-                            args.rl_compile_decode,
+                            plan, tmp / f"loop-{size}-{on}", size, _settings(args, on)
                         )
                     ],
                 )

@@ -87,8 +87,16 @@ def test_rollout_loop_on_a_real_shape_with_its_own_vocabulary(
     spec.loader.exec_module(bench)
     quick = bench.PLANS["quick"]
     plan = dataclasses.replace(quick, rl_shape="tiny-4m")
-    row = bench.bench_rollout_loop(plan, tmp_path, trajectories=6)
+    row = bench.bench_rollout_loop(plan, tmp_path / "a", trajectories=6)
     assert (row["trajectories"], row["tasks"]) == (6, 3)  # 3 tasks x rollout.n = 2
     assert row["vocab"] == 4096 and row["model_params_m"] > 3  # the shape, not the tiny model
     assert row["rows"] >= 6 and row["generated_tokens"] >= 6
     assert row["tokens_per_s"] > 0 and row["decode"] == "static"
+    assert row["keep_decode_cache"] is False and row["prefix_cache"] is True
+    # rollout.keep_decode_cache: the warm-up's caches are kept, yet the timed rollout computes
+    # the same prompt tokens (the weights "changed" in between: no stale prefix is reused)
+    keep = bench.decode_settings(keep_decode_cache=True)
+    kept = bench.bench_rollout_loop(plan, tmp_path / "b", trajectories=6, settings=keep)
+    assert kept["keep_decode_cache"] is True
+    for key in ("prompt_tokens_timed_iteration", "computed_tokens_timed_iteration"):
+        assert kept[key] == row[key] > 0
