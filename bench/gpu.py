@@ -641,22 +641,17 @@ def _decoder_stats(cfg: Any, backend: Any, before: tuple[int, dict[str, int]]) -
     """The decoder's settings, and the static decoder's captures, phase times and prompt
     counts since `_decoder_snapshot`."""
     decoder = backend.static
-    settings = {
+    stats = {
+        "decode": backend.decode,
         "prefix_cache": cfg.rollout.prefix_cache if decoder is not None else None,
         "compile_decode": cfg.rollout.compile_decode,
         "keep_decode_cache": cfg.rollout.keep_decode_cache,
     }
     if decoder is None:
-        return {
-            "decode": backend.decode,
-            **settings,
-            "graph_captures_timed_iteration": 0,
-            "decode_phases": {},
-        }
+        return {**stats, "graph_captures_timed_iteration": 0, "decode_phases": {}}
     captures, counts = before
     return {
-        "decode": backend.decode,
-        **settings,
+        **stats,
         "graph_captures_timed_iteration": decoder.captures - captures,
         "decode_phases": {k: round(v, 3) for k, v in decoder.timings.items()},
         **{f"{k}_timed_iteration": v - counts[k] for k, v in decoder.counts.items()},
@@ -1082,14 +1077,11 @@ def _loop_rows(plan: Plan, tmp: Path, args: argparse.Namespace, record: Any) -> 
     for size in args.rollout_loop or plan.rollout_loop:
         for on in args.rl_prefix_cache:
             base = {"what": "rollout_loop", "trajectories": size, "prefix_cache": on == "on"}
+            where, settings = tmp / f"loop-{size}-{on}", _settings(args, on)
             record(
                 _guarded(
                     base,
-                    lambda size=size, on=on: [
-                        bench_rollout_loop(
-                            plan, tmp / f"loop-{size}-{on}", size, _settings(args, on)
-                        )
-                    ],
+                    lambda w=where, n=size, s=settings: [bench_rollout_loop(plan, w, n, s)],
                 )
             )
             _free(plan.device)
