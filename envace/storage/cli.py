@@ -1,35 +1,16 @@
-"""`envace store ls|put|get|verify|latest`, and the `--store URI` flag every stage takes."""
+"""`envace store ls|put|get|verify|latest`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from envace.storage.base import ProgressCallback
 
-__all__ = ["DEFAULT_STORE", "STORE_ENV_VAR", "add_store_argument", "register"]
-
-# The embedded default: a folder next to where the command runs.
-DEFAULT_STORE = "runs/store"
-STORE_ENV_VAR = "ENVACE_STORE"
-
-
-def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    """Add `--store URI` (default: $ENVACE_STORE, else the local folder `runs/store`)."""
-    parser.add_argument(
-        "--store",
-        metavar="URI",
-        default=os.environ.get(STORE_ENV_VAR) or DEFAULT_STORE,
-        help=(
-            "where artifacts are kept: a local folder (default: $ENVACE_STORE or %(default)s),"
-            " minio://bucket/prefix or s3://bucket/prefix (endpoint and credentials from"
-            " ENVACE_S3_* variables)"
-        ),
-    )
+__all__ = ["register"]
 
 
 @contextlib.contextmanager

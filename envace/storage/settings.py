@@ -1,9 +1,11 @@
 """Where the object store is and how to talk to it: `S3Settings`.
 
-Values come, field by field, from an explicit config mapping (a YAML `storage.s3` section), then
-the `ENVACE_S3_*` environment variables, then the standard `AWS_*` names. In the cluster the
-credentials reach the pod as environment variables from a Kubernetes Secret (`envFrom`), so
-secrets never sit in a config file or in code. `repr()` masks them and nothing here logs them.
+Values come, field by field, from an explicit mapping (`S3Settings.resolve(mapping)`, the Python
+API), then the `ENVACE_S3_*` environment variables, then the standard `AWS_*` names. Every field
+has an `ENVACE_S3_*` variable, so the commands (which read the environment) can set all of them.
+In the cluster the credentials reach the pod as environment variables from a Kubernetes Secret
+(`secretKeyRef`), so secrets never sit in a config file or in code. `repr()` masks them and
+nothing here logs them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "session_token": ("ENVACE_S3_SESSION_TOKEN", "AWS_SESSION_TOKEN"),
     "region": ("ENVACE_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION"),
     "secure": ("ENVACE_S3_SECURE",),
+    "cert_check": ("ENVACE_S3_CERT_CHECK",),
+    "connect_timeout_s": ("ENVACE_S3_CONNECT_TIMEOUT_S",),
+    "read_timeout_s": ("ENVACE_S3_READ_TIMEOUT_S",),
+    "part_size": ("ENVACE_S3_PART_SIZE",),
+    "parallel_uploads": ("ENVACE_S3_PARALLEL_UPLOADS",),
 }
 _SECRET_FIELDS = ("access_key", "secret_key", "session_token")
 _TRUE = {"1", "true", "yes", "on"}
@@ -43,6 +50,19 @@ def _parse_bool(value: Any, where: str) -> bool:
     if text in _FALSE:
         return False
     raise ConfigError(f"{where}={value!r} is not a boolean: use true or false")
+
+
+def _parse_number(value: Any, kind: type[int] | type[float], where: str) -> int | float:
+    if isinstance(value, bool):  # bool is an int subclass: true is not a part size
+        raise ConfigError(f"{where}={value!r} is not a number")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        example = "16777216" if kind is int else "30"
+        raise ConfigError(
+            f"{where}={value!r} is not {'an integer' if kind is int else 'a number'}"
+            f" (e.g. {where}={example})"
+        ) from None
 
 
 def _split_endpoint(endpoint: str, where: str) -> tuple[str, bool | None]:
@@ -91,11 +111,20 @@ class S3Settings:
 
     def __post_init__(self) -> None:
         if self.part_size < 5 * MiB or self.part_size > 5 * 1024 * MiB:
-            raise ConfigError(f"storage.s3.part_size={self.part_size}: must be 5 MiB .. 5 GiB")
+            raise ConfigError(
+                f"S3 part_size={self.part_size} (ENVACE_S3_PART_SIZE): must be 5 MiB .. 5 GiB"
+                f" ({5 * MiB} .. {5 * 1024 * MiB} bytes)"
+            )
         if self.parallel_uploads < 1:
-            raise ConfigError(f"storage.s3.parallel_uploads={self.parallel_uploads}: must be >= 1")
+            raise ConfigError(
+                f"S3 parallel_uploads={self.parallel_uploads} (ENVACE_S3_PARALLEL_UPLOADS):"
+                " must be >= 1"
+            )
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
-            raise ConfigError("storage.s3 timeouts must be > 0 seconds")
+            raise ConfigError(
+                "S3 connect_timeout_s / read_timeout_s (ENVACE_S3_CONNECT_TIMEOUT_S,"
+                " ENVACE_S3_READ_TIMEOUT_S) must be > 0 seconds"
+            )
 
     def __repr__(self) -> str:
         shown = []
@@ -124,7 +153,7 @@ class S3Settings:
         config: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         *,
-        key_path: str = "storage.s3",
+        key_path: str = "S3Settings",
     ) -> S3Settings:
         """Merge a config mapping over the environment, field by field (config wins)."""
         env = os.environ if env is None else env
@@ -162,12 +191,14 @@ class S3Settings:
                         f" {origin['secure']}={values['secure']}: make them agree"
                     )
                 values["secure"] = scheme_secure
-        for name in ("connect_timeout_s", "read_timeout_s"):
+        for name, kind in (
+            ("connect_timeout_s", float),
+            ("read_timeout_s", float),
+            ("part_size", int),
+            ("parallel_uploads", int),
+        ):
             if name in values:
-                values[name] = float(values[name])
-        for name in ("part_size", "parallel_uploads"):
-            if name in values:
-                values[name] = int(values[name])
+                values[name] = _parse_number(values[name], kind, origin[name])
         return cls(**values)
 
     def require(self, uri: str) -> S3Settings:
@@ -180,7 +211,7 @@ class S3Settings:
         if missing:
             raise UserInputError(
                 f"cannot open {uri}: no S3 {', '.join(missing)} configured. Set these environment"
-                " variables (in a cluster: from a Secret through envFrom) or the storage.s3 config"
+                " variables (in a cluster: the chart maps them from its store Secret)"
             )
         return self
 

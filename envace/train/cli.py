@@ -22,7 +22,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--store",
         default=None,
-        help="artifact store URI (a folder, minio://bucket/prefix or s3://...); default: --out",
+        help=(
+            "artifact store URI (a folder, minio://bucket/prefix or s3://...);"
+            " default: the output folder (run: --out, train: --work-dir)"
+        ),
     )
     p.add_argument(
         "--resume", action="store_true", help="continue from the newest complete checkpoint"

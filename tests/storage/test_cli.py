@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -12,7 +11,6 @@ from typing import Any
 import pytest
 
 from envace.cli import main
-from envace.storage.cli import DEFAULT_STORE, add_store_argument
 
 
 def _src(tmp_path: Path) -> Path:
@@ -95,18 +93,6 @@ def test_user_errors_exit_2_with_one_line(
     monkeypatch.delenv("ENVACE_S3_SECRET_KEY")
     assert main(["store", "ls", "s3://envace/x"]) == 2
     assert "ENVACE_S3_SECRET_KEY or AWS_SECRET_ACCESS_KEY" in capsys.readouterr().err
-
-
-def test_store_flag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ENVACE_STORE", raising=False)
-    parser = argparse.ArgumentParser()
-    add_store_argument(parser)
-    assert parser.parse_args([]).store == DEFAULT_STORE
-    assert parser.parse_args(["--store", "minio://b0b/r"]).store == "minio://b0b/r"
-    monkeypatch.setenv("ENVACE_STORE", "s3://team/runs")
-    parser = argparse.ArgumentParser()
-    add_store_argument(parser)
-    assert parser.parse_args([]).store == "s3://team/runs"
 
 
 def test_cli_import_stays_light() -> None:

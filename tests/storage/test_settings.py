@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from envace.errors import ConfigError, UserInputError
 from envace.storage import S3Settings, open_store
+from envace.storage.settings import ENV_VARS
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzzSECRET"
 
@@ -69,6 +72,12 @@ def test_config_mapping_wins_and_secure_flag_parses() -> None:
         ({}, {"ENVACE_S3_ENDPOINT": "ftp://h:9000"}, "http(s)://host:port"),
         ({}, {"ENVACE_S3_ENDPOINT": "http://h:9000/path"}, "without a path"),
         ({"part_size": 1024}, {}, "part_size=1024"),
+        ({}, {"ENVACE_S3_PART_SIZE": "16MiB"}, "ENVACE_S3_PART_SIZE='16MiB' is not an integer"),
+        ({}, {"ENVACE_S3_READ_TIMEOUT_S": "soon"}, "ENVACE_S3_READ_TIMEOUT_S='soon' is not a"),
+        ({}, {"ENVACE_S3_CONNECT_TIMEOUT_S": "0"}, "ENVACE_S3_CONNECT_TIMEOUT_S"),
+        ({}, {"ENVACE_S3_PARALLEL_UPLOADS": "0"}, "ENVACE_S3_PARALLEL_UPLOADS): must be >= 1"),
+        ({}, {"ENVACE_S3_CERT_CHECK": "sometimes"}, "ENVACE_S3_CERT_CHECK='sometimes'"),
+        ({"parallel_uploads": True}, {}, "S3Settings.parallel_uploads=True is not a number"),
     ],
 )
 def test_bad_settings_name_the_key(
@@ -104,3 +113,26 @@ def test_missing_endpoint_or_credentials_name_the_variables(
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(UserInputError, match="ENVACE_S3_ENDPOINT"):
         open_store("s3://bucket/key")
+
+
+def test_every_field_has_an_environment_variable() -> None:
+    """The commands only read the environment: every setting, tuning included, is reachable."""
+    env = {
+        "ENVACE_S3_ENDPOINT": "https://h:9000",
+        "ENVACE_S3_ACCESS_KEY": "a",
+        "ENVACE_S3_SECRET_KEY": "s",
+        "ENVACE_S3_CERT_CHECK": "false",
+        "ENVACE_S3_CONNECT_TIMEOUT_S": "2.5",
+        "ENVACE_S3_READ_TIMEOUT_S": "30",
+        "ENVACE_S3_PART_SIZE": str(32 * 1024 * 1024),
+        "ENVACE_S3_PARALLEL_UPLOADS": "6",
+    }
+    s = S3Settings.from_env(env)
+    assert (s.secure, s.cert_check, s.connect_timeout_s, s.read_timeout_s) == (
+        True,
+        False,
+        2.5,
+        30.0,
+    )
+    assert (s.part_size, s.parallel_uploads) == (32 * 1024 * 1024, 6)
+    assert {f.name for f in fields(S3Settings)} == set(ENV_VARS)
