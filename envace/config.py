@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -223,6 +224,8 @@ def _coerce_scalar(path: str, value: Any, tp: Any) -> Any:
     if tp is int and is_number and float(value).is_integer():
         return int(value)
     if tp is float and is_number:
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: {value!r} is not a finite number")
         return float(value)
     if tp is str and isinstance(value, str):
         return value
@@ -268,7 +271,11 @@ _RULES: list[tuple[str, Any, str]] = [
     ("rollout.batch_tasks", lambda c: c.rollout.batch_tasks >= 1, "must be >= 1"),
     ("rollout.temperature", lambda c: c.rollout.temperature >= 0, "must be >= 0"),
     ("rollout.top_p", lambda c: 0 < c.rollout.top_p <= 1, "must be in (0, 1]"),
-    ("rollout.caller_max_new_tokens", lambda c: c.rollout.caller_max_new_tokens >= 1, ">= 1"),
+    (
+        "rollout.caller_max_new_tokens",
+        lambda c: c.rollout.caller_max_new_tokens >= 1,
+        "must be >= 1",
+    ),
     (
         "rollout.compile_decode",
         lambda c: not c.rollout.compile_decode or c.rollout.decode != "generate",
@@ -290,6 +297,42 @@ _RULES: list[tuple[str, Any, str]] = [
         "must be >= 1 or null",
     ),
     ("train.save_every", lambda c: c.train.save_every >= 1, "must be >= 1"),
+    ("train.weight_decay", lambda c: c.train.weight_decay >= 0, "must be >= 0"),
+    ("train.warmup_iterations", lambda c: c.train.warmup_iterations >= 0, "must be >= 0"),
+    ("train.eval_every", lambda c: c.train.eval_every >= 0, "must be >= 0 (0: at the end)"),
+    (
+        "rollout.simulator_max_new_tokens",
+        lambda c: c.rollout.simulator_max_new_tokens >= 1,
+        "must be >= 1",
+    ),
+    ("rollout.max_steps_per_turn", lambda c: c.rollout.max_steps_per_turn >= 1, "must be >= 1"),
+    (
+        "rollout.max_calls_per_message",
+        lambda c: c.rollout.max_calls_per_message >= 1,
+        "must be >= 1",
+    ),
+    (
+        "rollout.max_context_tokens",
+        lambda c: c.rollout.max_context_tokens > c.rollout.caller_max_new_tokens,
+        "must exceed rollout.caller_max_new_tokens (the prompt needs room)",
+    ),
+    (
+        "rollout.max_sim_prompt_tokens",
+        lambda c: c.rollout.max_sim_prompt_tokens >= 1,
+        "must be >= 1",
+    ),
+    ("rollout.max_batch_size", lambda c: c.rollout.max_batch_size >= 1, "must be >= 1"),
+    ("model.vocab_size", lambda c: c.model.vocab_size >= 512, "must be >= 512 (byte-level BPE)"),
+    ("warm_start.lr", lambda c: c.warm_start.lr > 0, "must be > 0"),
+    ("warm_start.batch_rows", lambda c: c.warm_start.batch_rows >= 1, "must be >= 1"),
+    ("warm_start.max_tokens", lambda c: c.warm_start.max_tokens >= 1, "must be >= 1"),
+    ("eval.n", lambda c: c.eval.n >= 1, "must be >= 1 (executions per held-out task)"),
+    ("eval.temperature", lambda c: c.eval.temperature >= 0, "must be >= 0 (0: greedy)"),
+    (
+        "eval.max_tasks",
+        lambda c: c.eval.max_tasks is None or c.eval.max_tasks >= 1,
+        "must be >= 1 or null (every held-out task)",
+    ),
     ("algo.clip_low", lambda c: 0 < c.algo.clip_low < 1, "must be in (0, 1)"),
     ("algo.clip_high", lambda c: c.algo.clip_high > 0, "must be > 0"),
     ("algo.dual_clip", lambda c: c.algo.dual_clip is None or c.algo.dual_clip > 1, "> 1 or null"),
@@ -340,8 +383,16 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def _parse_scalar(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
+def _parse_scalar(item: str, text: str) -> Any:
+    if text == "":
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(
+            f"--set {item!r}: the value is not a YAML scalar; quote a string value"
+            " (--set 'key.path=\"...\"') or give a number, true/false or null"
+        ) from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -356,7 +407,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is not a section")
-        node[parts[-1]] = _parse_scalar(raw)
+        node[parts[-1]] = _parse_scalar(item, raw)
     return data
 
 
@@ -369,6 +420,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"{p}: config file not found (see configs/ for examples)") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{p}: not a YAML text file (not UTF-8: {exc.reason})") from exc
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):

@@ -63,6 +63,20 @@ def test_overrides_parse_yaml_scalars() -> None:
             ["rollout.decode=generate", "rollout.compile_decode=true"],
             "rollout.compile_decode: True compiles the static decoder's step: needs rollout.decode",
         ),
+        (["train.lr=.inf"], "train.lr: inf is not a finite number"),
+        (["algo.kl_coef=.nan"], "algo.kl_coef: nan is not a finite number"),
+        (["train.lr=[1"], "--set 'train.lr=[1': the value is not a YAML scalar"),
+        (["train.lr={a: 1"], "quote a string value"),
+        (["warm_start.batch_rows=0"], "warm_start.batch_rows: 0 must be >= 1"),
+        (["warm_start.lr=-1"], "warm_start.lr: -1.0 must be > 0"),
+        (["rollout.max_batch_size=0"], "rollout.max_batch_size: 0 must be >= 1"),
+        (["model.vocab_size=0"], "model.vocab_size: 0 must be >= 512"),
+        (["rollout.max_context_tokens=0"], "must exceed rollout.caller_max_new_tokens"),
+        (["eval.n=0"], "eval.n: 0 must be >= 1"),
+        (
+            ["rollout.simulator_max_new_tokens=0"],
+            "rollout.simulator_max_new_tokens: 0 must be >= 1",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(overrides: list[str], message: str) -> None:
@@ -80,4 +94,9 @@ def test_bad_files(tmp_path: Path) -> None:
         load_config(bad)
     bad.write_text("- 1\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config(tmp_path)  # a directory
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ConfigError, match="not a YAML text file"):
         load_config(bad)
