@@ -37,7 +37,7 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh
 venv: $(VENV)/.stamp-base
 
 run: $(VENV)/.stamp-base
-	$(VENV)/bin/envace run --config $(CONFIG) --out $(OUT)
+	$(VENV)/bin/envace run --config $(CONFIG) --out $(OUT) --overwrite
 
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff format --check $(PY_SRC)

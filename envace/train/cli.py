@@ -27,8 +27,18 @@ def _common(p: argparse.ArgumentParser) -> None:
             " default: the output folder (run: --out, train: --work-dir)"
         ),
     )
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the newest complete checkpoint"
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in the output folder from its newest complete checkpoint"
+        " (none yet: start fresh)",
+    )
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a run already in the output folder (its reports and checkpoints,"
+        " also in --store, are deleted once the inputs check out)",
     )
 
 
@@ -62,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     from envace.train.run import leave_job, run_main
 
     cfg = load_config(args.config, args.overrides)
-    run_main(cfg, args.out, store=args.store, resume=args.resume)
+    run_main(cfg, args.out, store=args.store, resume=args.resume, overwrite=args.overwrite)
     leave_job(cfg)
     return 0
 
@@ -75,6 +85,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     work = args.work_dir or Path("runs") / args.run_name
     store = join_uri(args.store, args.run_name) if args.store else None
-    run_main(cfg, work, store=store, resume=args.resume)  # refuses torch with WORLD_SIZE > 1
+    # refuses torch with WORLD_SIZE > 1
+    run_main(cfg, work, store=store, resume=args.resume, overwrite=args.overwrite)
     leave_job(cfg)
     return 0

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from envace.config import Config
-from envace.errors import ConfigError
+from envace.errors import ConfigError, UserInputError
 from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
 from envace.policy.chat import ChatRenderer
 from envace.policy.hf_backend import TransformersBackend
@@ -50,6 +50,7 @@ from envace.train.distributed import (
     shutdown,
 )
 from envace.train.engine import TorchEngine, TrainingEngine
+from envace.train.preflight import load_gold
 from envace.train.rl import RLTrainer, RoleLearner, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
 from envace.train.tracking import MetricsLogger, NullLogger, plot_progress
@@ -126,13 +127,8 @@ def load_splits(tasks_dir: Path) -> TaskSplits:
     train = load_tasks(tasks_dir / "train.jsonl").tasks
     test_path = tasks_dir / "test.jsonl"
     test = load_tasks(test_path).tasks if test_path.exists() else []
-    gold: dict[str, list[dict[str, Any]]] = {}
     gold_path = tasks_dir / "gold_train.jsonl"
-    if gold_path.exists():
-        for line in gold_path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                gold[rec["task_id"]] = rec["messages"]
+    gold = load_gold(gold_path) if gold_path.exists() else {}
     return TaskSplits(train, test, gold)
 
 
@@ -260,7 +256,17 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
     rows, broken = build_sft_rows(
         splits.train, splits.gold, renderer, rollout_config(cfg), w.grounding_dropout, cfg.seed
     )
-    rows = [r for r in rows if r.length <= w.max_tokens]
+    kept = [r for r in rows if r.length <= w.max_tokens]
+    if not kept:
+        raise UserInputError(
+            f"no warm-start rows: {len(splits.gold)} gold conversation(s) for"
+            f" {len(splits.train)} train task(s) gave {len(rows)} row(s) ({broken} gold"
+            f" conversation(s) skipped as broken), {len(rows) - len(kept)} longer than"
+            f" warm_start.max_tokens={w.max_tokens}; check tasks.gold_file matches the train"
+            " tasks' ids, raise warm_start.max_tokens or rollout.max_context_tokens, or set"
+            " warm_start.enabled=false"
+        )
+    rows = kept
     steps = sft_steps(len(rows), w.epochs, w.batch_rows)
     engine = TorchEngine(
         model,
@@ -347,7 +353,7 @@ def _save_rl_checkpoint(
     torch.save(state, ckpt / "trainer_state.pt")
     import shutil
 
-    for name in ("metrics.jsonl", "stages.json"):  # history, so a resume elsewhere keeps it
+    for name in ("metrics.jsonl", "stages.json", "config.json"):  # a resume elsewhere keeps them
         if (paths.out / name).exists():
             shutil.copyfile(paths.out / name, ckpt / name)
     return paths.commit(ckpt)
@@ -605,15 +611,42 @@ class _Start:
     tokenizer: Any
 
 
-def _start(cfg: Config, out: Path, store: str | None, resume: bool, info: DistInfo) -> _Start:
-    """Tasks, resume point and the starting model, on every rank."""
-    out.mkdir(parents=True, exist_ok=True)
+def _start(
+    cfg: Config, out: Path, store: str | None, resume: bool, info: DistInfo, overwrite: bool
+) -> _Start:
+    """Tasks, resume point and the starting model, on every rank.
+
+    Nothing is written before the inputs are checked and the resume point is known
+    (`envace.train.preflight`): a bad input or a refused folder leaves `out` as it was.
+    """
+    from envace.train import preflight
+
+    preflight.check_inputs(cfg, out, store)
+    if info.is_main and not resume:
+        found = preflight.previous_run(out, store)
+        if found is not None:
+            if not overwrite:
+                preflight.refuse_previous_run(found, out)
+            preflight.clear_previous_run(out, store)
+    _wait_for_all(cfg, "pre-flight checks")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
     paths = RunPaths(out, store or str(out), writes=info.is_main)
-    if info.is_main:
-        atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     stages_path = out / "stages.json"
     first_on_node = info.local_rank == 0
     resume_from = _resume_point(paths, fetch=first_on_node) if resume else None
+    if resume and resume_from is None and info.is_main:
+        log.warning(
+            "--resume: no complete checkpoint under %s/checkpoints/rl; starting a fresh run",
+            paths.store,
+        )
+    if resume_from is not None:
+        saved = resume_from / "config.json"
+        preflight.check_resume_config(cfg, saved if saved.exists() else out / "config.json")
+    if info.is_main:
+        atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     if resume_from is not None and first_on_node:
         _restore_history(paths, resume_from)
     if resume_from is None and first_on_node:
@@ -633,14 +666,21 @@ def _start(cfg: Config, out: Path, store: str | None, resume: bool, info: DistIn
 
 
 def run_main(
-    cfg: Config, out: Path, store: str | None = None, resume: bool = False
+    cfg: Config,
+    out: Path,
+    store: str | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the whole method; returns the summary written to OUT/summary.json (on rank 0; the
-    other ranks of a multi-process run return `{"rank": r}`)."""
+    other ranks of a multi-process run return `{"rank": r}`).
+
+    A folder that already holds a run needs `resume` (continue it) or `overwrite` (replace it).
+    """
     t0 = time.perf_counter()
     info = _join_job(cfg)
     main = info.is_main
-    st = _start(cfg, out, store, resume, info)
+    st = _start(cfg, out, store, resume, info, overwrite)
     paths, stages, splits, tokenizer = st.paths, st.stages, st.splits, st.tokenizer
 
     def record(name: str, model: Any, label: str) -> None:

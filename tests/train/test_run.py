@@ -53,10 +53,17 @@ def test_run_writes_every_artifact(tmp_path: Path, capsys: pytest.CaptureFixture
         )
         == 0
     )
-    # a fresh run (no --resume) into the same folder starts a fresh metric history
+    # a fresh run into the same folder is refused, leaving the run as it was
     again = [*args, "--set", "train.iterations=1", "--set", "warm_start.enabled=false"]
-    assert main(again) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(again) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # --overwrite replaces it: a fresh metric history, none of the old checkpoints left
+    assert main([*again, "--overwrite"]) == 0
     assert [r["iteration"] for r in _lines(out / "metrics.jsonl")] == [1]
+    assert not (out / "checkpoints" / "rl" / "iter_000002").exists()
+    assert not (out / "checkpoints" / "warm_start").exists()
 
 
 @pytest.mark.slow

@@ -1,0 +1,222 @@
+"""Checks `envace run` / `envace train` make before writing anything, and what they guard.
+
+A run writes into `--out` (and commits to `--store`) from its first second: the config copy, the
+task splits, a fresh metric history. So every input that can be checked cheaply is checked
+first (the store URI, the task files, a local `model.path`, the output folder), and a folder that
+already holds a run is never replaced by accident:
+
+- without flags, a folder (or store) holding a run is refused, naming what was found;
+- `--resume` continues the newest complete checkpoint, or starts fresh when there is none (so a
+  restarted TrainJob pod works the same on its first and later attempts), and refuses settings
+  that would not match the checkpoint (model, role sharing, engine, tasks);
+- `--overwrite` removes the old run's reports and checkpoints (locally and in the store), only
+  after every check above has passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from envace.config import Config
+from envace.errors import ConfigError, UserInputError
+
+__all__ = [
+    "RESUME_KEYS",
+    "check_inputs",
+    "check_resume_config",
+    "clear_previous_run",
+    "load_gold",
+    "previous_run",
+    "refuse_previous_run",
+]
+
+log = logging.getLogger(__name__)
+
+# Files of a run's history in OUT; their presence (or a committed checkpoint) means "a run".
+_HISTORY = ("summary.json", "metrics.jsonl", "stages.json")
+_REPORTS = (*_HISTORY, "progress.png", "report", "tensorboard", "checkpoints")
+# Settings a resumed run must share with its checkpoint: they fix the model's shape, which
+# models exist, how they are trained, and the tasks (which a resume restores from the run).
+RESUME_KEYS = (
+    "model.path",
+    "model.preset",
+    "model.vocab_size",
+    "algo.sharing",
+    "train.engine",
+    "tasks.n_train",
+    "tasks.n_test",
+    "tasks.seed",
+    "tasks.train_file",
+    "tasks.test_file",
+    "tasks.gold_file",
+)
+
+
+def load_gold(path: Path, shown: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Gold conversations (`{"task_id": ..., "messages": [...]}` per line) by task id.
+
+    Errors name the file (`shown`, default `path`), the line and what is wrong.
+    """
+    name = shown or str(path)
+    gold: dict[str, list[dict[str, Any]]] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{name}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise UserInputError(f"{name}: cannot read the gold file: {exc.strerror}") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserInputError(f"{name}:{lineno}: not valid JSON ({exc.msg})") from None
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("task_id"), str)
+            or not isinstance(rec.get("messages"), list)
+        ):
+            raise UserInputError(
+                f"{name}:{lineno}: expected an object with a string task_id and a messages list"
+                " (docs/task_format.md, gold conversations)"
+            )
+        gold[rec["task_id"]] = rec["messages"]
+    return gold
+
+
+def _looks_local(path: str) -> bool:
+    """A filesystem path rather than a Hugging Face hub id (`org/name`)."""
+    return path.startswith(("/", ".", "~")) or Path(path).expanduser().exists()
+
+
+def check_inputs(cfg: Config, out: Path, store: str | None) -> None:
+    """Everything checkable before the first write: raises ConfigError / UserInputError."""
+    from envace.storage.uri import parse_uri
+
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {out}: exists and is not a folder; choose a folder path")
+    if store is not None:
+        parse_uri(store)  # an unsupported scheme or bad bucket fails here, not after training
+    path = cfg.model.path
+    if path is not None and _looks_local(path) and not Path(path).expanduser().is_dir():
+        raise ConfigError(
+            f"model.path: {path}: no such checkpoint folder; give a Hugging Face checkpoint"
+            " folder (config.json + weights + tokenizer) or a hub id such as Qwen/Qwen3-0.6B"
+        )
+    _check_task_files(cfg)
+
+
+def _check_task_files(cfg: Config) -> None:
+    from envace.tasks.loader import load_tasks
+
+    t = cfg.tasks
+    if t.train_file is None:
+        for key, value in (("tasks.test_file", t.test_file), ("tasks.gold_file", t.gold_file)):
+            if value is not None:
+                raise ConfigError(
+                    f"{key} is set but tasks.train_file is not: task files replace the generated"
+                    " tasks only together; set tasks.train_file too, or remove"
+                    f" {key} to generate tasks"
+                )
+        return
+    for key, value in (
+        ("tasks.train_file", t.train_file),
+        ("tasks.test_file", t.test_file),
+        ("tasks.gold_file", t.gold_file),
+    ):
+        if value is not None and not Path(value).is_file():
+            raise ConfigError(f"{key}: {value}: no such file")
+    load_tasks(Path(t.train_file))  # errors name the user's file and line, not OUT's copy
+    if t.test_file is not None:
+        load_tasks(Path(t.test_file))
+    if cfg.warm_start.enabled:
+        if t.gold_file is None:
+            raise ConfigError(
+                "tasks.gold_file: not set, but the warm start trains on the gold conversations"
+                " of the train tasks; set tasks.gold_file (docs/task_format.md) or"
+                " warm_start.enabled=false"
+            )
+        if not load_gold(Path(t.gold_file)):
+            raise ConfigError(f"tasks.gold_file: {t.gold_file}: holds no gold conversation")
+
+
+def _committed_in_store(store: str) -> str | None:
+    """URI of a committed checkpoint under `store`/checkpoints, if any."""
+    from envace.storage.artifacts import open_store
+    from envace.storage.manifest import MANIFEST_NAME
+    from envace.storage.uri import join_uri
+
+    backend, prefix = open_store(join_uri(store, "checkpoints"))
+    for info in backend.list(prefix):
+        if info.key.endswith("/" + MANIFEST_NAME):
+            return backend.uri(info.key.rsplit("/", 1)[0])
+    return None
+
+
+def previous_run(out: Path, store: str | None) -> str | None:
+    """What shows that `out` (or `store`, when it is elsewhere) already holds a run."""
+    for name in _HISTORY:
+        if (out / name).exists():
+            return str(out / name)
+    ckpts = out / "checkpoints"
+    if ckpts.is_dir():
+        found = next(iter(sorted(ckpts.rglob("MANIFEST.json"))), None)
+        if found is not None:
+            return str(found.parent)
+    if store is not None and store != str(out):
+        return _committed_in_store(store)
+    return None
+
+
+def refuse_previous_run(found: str, out: Path) -> None:
+    raise UserInputError(
+        f"--out {out} already holds a run ({found}). Pass --resume to continue it, --overwrite"
+        " to replace it (its reports and checkpoints are deleted), or choose another --out"
+    )
+
+
+def clear_previous_run(out: Path, store: str | None) -> None:
+    """`--overwrite`: delete the old run's reports and checkpoints, here and in the store."""
+    from envace.storage.artifacts import open_store
+    from envace.storage.uri import join_uri
+
+    for name in _REPORTS:
+        target = out / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    if store is not None and store != str(out):
+        backend, prefix = open_store(join_uri(store, "checkpoints"))
+        removed = backend.delete_prefix(prefix)
+        log.info("--overwrite: removed %d object(s) under %s/checkpoints", removed, store)
+    log.warning("--overwrite: removed the previous run's reports and checkpoints in %s", out)
+
+
+def _get(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def check_resume_config(cfg: Config, saved: Path) -> None:
+    """Refuse to resume with settings that differ from the run's (`saved`: its config.json)."""
+    try:
+        old = json.loads(saved.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        log.warning("--resume: %s is missing or unreadable; settings not compared", saved)
+        return
+    new = cfg.to_dict()
+    for key in RESUME_KEYS:
+        if _get(old, key) != _get(new, key):
+            raise ConfigError(
+                f"--resume: {key} is {_get(new, key)!r} but the run was started with"
+                f" {_get(old, key)!r} ({saved}); resume with the same value, or start a new run"
+                " in another --out"
+            )
