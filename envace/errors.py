@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "EnvaceError", "UserInputError"]
+__all__ = ["ConfigError", "EnvaceError", "TrainingDiverged", "UserInputError", "require_finite"]
 
 
 class EnvaceError(Exception):
@@ -15,3 +15,17 @@ class UserInputError(EnvaceError):
 
 class ConfigError(UserInputError):
     """A configuration key has a bad value. The message names the key path, the value and the fix."""
+
+
+class TrainingDiverged(UserInputError):
+    """A loss or the weights stopped being finite numbers (most often: the learning rate is too
+    high). Raised before anything non-finite is saved, so the newest checkpoint is intact."""
+
+
+def require_finite(value: float, what: str, fix: str) -> None:
+    """Raise TrainingDiverged naming `what` and `fix` when `value` is nan or infinite."""
+    if value != value or value in (float("inf"), float("-inf")):
+        raise TrainingDiverged(
+            f"training diverged: {what} is {value}; nothing non-finite was saved, the newest"
+            f" committed checkpoint is intact (continue from it with --resume). {fix}"
+        )

@@ -13,9 +13,23 @@ from typing import Any, Protocol
 
 import torch
 
+from envace.errors import require_finite
 from envace.train.batch import MicroBatch, token_logprobs
 
 __all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
+
+
+def require_finite_weights(model: Any, where: str) -> None:
+    """Raise TrainingDiverged when a parameter of `model` holds nan/inf (a diverged update), so
+    such weights are neither sampled from nor saved as a complete checkpoint. `where` names
+    them in the message. Under ZeRO-3 a rank holds empty placeholders here, which pass."""
+    for name, param in model.named_parameters():
+        if param.numel() and not bool(torch.isfinite(param).all()):
+            require_finite(
+                float("nan"),
+                f"parameter {name} of {where}",
+                "Lower train.lr / warm_start.lr, or the clipping threshold train.grad_clip.",
+            )
 
 
 class TrainingEngine(Protocol):
@@ -98,8 +112,9 @@ class TorchEngine:
 
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        if torch.isfinite(norm):  # an overflowed gradient is dropped, never applied
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return float(norm)

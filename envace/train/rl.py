@@ -37,7 +37,7 @@ import torch
 from envace.algo.advantages import apply_empty_penalty, compute_advantages
 from envace.algo.losses import LossConfig, policy_loss
 from envace.config import Config
-from envace.errors import ConfigError
+from envace.errors import ConfigError, require_finite
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
 from envace.rollout.policies import Policy
 from envace.rollout.types import Role, Row, Trajectory
@@ -51,7 +51,7 @@ from envace.train.distributed import (
     gather_objects,
     partition,
 )
-from envace.train.engine import TrainingEngine
+from envace.train.engine import TrainingEngine, require_finite_weights
 
 __all__ = ["RLTrainer", "generation_ready", "iteration_seed", "sample_tasks"]
 
@@ -312,6 +312,11 @@ class RLTrainer:
                     self.loss_cfg,
                     ref_logprobs=ref_lp,
                 )
+                require_finite(
+                    float(loss.detach()),
+                    f"the RL loss of {'+'.join(sorted(learner.roles))}",
+                    f"Lower train.lr (now {t.lr:g}) or train.grad_clip (now {t.grad_clip:g}).",
+                )
                 learner.engine.backward(loss * w)
                 for k, v in s.items():
                     if k in _MAX_STATS:
@@ -323,6 +328,8 @@ class RLTrainer:
             stats.update({k: all_reduce_mean(v) for k, v in sorted(sums.items())})
             stats.update({k: all_reduce_max(maxima.get(k, 0.0)) for k in _MAX_STATS})
             stats["grad_norm"] = learner.engine.step()
+            roles = "+".join(sorted(learner.roles))
+            require_finite_weights(learner.engine.model, f"the {roles} model after its update")
             if epoch == 0:
                 stats["rollout_logprob_diff"] = _logprob_gap(mbs[:real], old[:real])
         return stats

@@ -49,7 +49,7 @@ from envace.train.distributed import (
     init_process_group,
     shutdown,
 )
-from envace.train.engine import TorchEngine, TrainingEngine
+from envace.train.engine import TorchEngine, TrainingEngine, require_finite_weights
 from envace.train.preflight import load_gold
 from envace.train.rl import RLTrainer, RoleLearner, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
@@ -262,9 +262,11 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
             f"no warm-start rows: {len(splits.gold)} gold conversation(s) for"
             f" {len(splits.train)} train task(s) gave {len(rows)} row(s) ({broken} gold"
             f" conversation(s) skipped as broken), {len(rows) - len(kept)} longer than"
-            f" warm_start.max_tokens={w.max_tokens}; check tasks.gold_file matches the train"
-            " tasks' ids, raise warm_start.max_tokens or rollout.max_context_tokens, or set"
-            " warm_start.enabled=false"
+            f" warm_start.max_tokens={w.max_tokens}. A gold conversation does not replay when a"
+            " reply is longer than rollout.caller_max_new_tokens /"
+            " rollout.simulator_max_new_tokens or the conversation outgrows"
+            " rollout.max_context_tokens; check that tasks.gold_file matches the train tasks'"
+            " ids, raise those limits, or set warm_start.enabled=false"
         )
     rows = kept
     steps = sft_steps(len(rows), w.epochs, w.batch_rows)
@@ -341,6 +343,8 @@ def _save_rl_checkpoint(
     from envace.storage.checkpoints import checkpoint_name
 
     ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
+    for name, model, _engine in learners:
+        require_finite_weights(model, f"the weights to save as checkpoints/rl/{ckpt.name}/{name}")
     for name, _model, engine in learners:
         engine.save_model(ckpt / name, tokenizer)
     if not paths.writes:  # rank 0 writes the trainer state and commits
@@ -695,6 +699,7 @@ def run_main(
             _broadcast_weights(st.model)
         if main:
             ws_dir = paths.checkpoints / "warm_start"
+            require_finite_weights(st.model, "the weights to save as checkpoints/warm_start")
             TorchEngine(st.model, 1.0).save_model(ws_dir, tokenizer)
             paths.commit(ws_dir)
             record("warm_start", st.model, "warm start")
@@ -722,6 +727,7 @@ def run_main(
                 record("rl", model, "after RL")
         _wait_for_all(cfg, "evaluation after RL")
     final = paths.checkpoints / "final"
+    require_finite_weights(model, "the weights to save as checkpoints/final")
     engine.save_weights(final, tokenizer)  # collective under ZeRO-3 (gathers the shards)
     if not main:
         return {"rank": info.rank}

@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from envace.errors import require_finite
 from envace.policy.chat import ChatRenderer, format_assistant_response
 from envace.policy.types import Generation, SamplingParams, ToolCall
 from envace.rollout.engine import RolloutConfig, RolloutEngine
@@ -164,6 +165,11 @@ def run_sft(
         for mb in make_micro_batches(batch, batch_rows, pad_id, micro_batch_tokens):
             logp = engine.logprobs(mb)
             loss = -(logp * mb.response_mask).sum() / n_tokens
+            require_finite(
+                float(loss.detach()),
+                f"the warm-start loss at step {len(losses) + 1}",
+                "Lower warm_start.lr.",
+            )
             engine.backward(loss)
             loss_sum += float(loss.detach())
         engine.step()
