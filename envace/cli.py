@@ -3,7 +3,8 @@
 Each domain module that has commands exposes `register(subparsers)` in its own `cli.py`; this file
 only wires them together, so `envace --help` stays cheap (heavy imports happen inside handlers).
 Handlers return an exit code. A `UserInputError` becomes a one-line message and exit code 2,
-never a traceback.
+never a traceback; an `OSError` (a path that cannot be read or written) a one-line message with
+the path and exit code 1 (`-v` re-raises it with its traceback).
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as exc:
         print(f"envace: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # A file or folder the command could not read or write (permissions, a full disk, a
+        # path that is a file): say which and why; -v keeps the traceback for a bug report.
+        if args.verbose:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"envace: error: {exc.strerror or exc}{where} (-v shows where)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("envace: interrupted", file=sys.stderr)
         return 130

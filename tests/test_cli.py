@@ -1,0 +1,29 @@
+"""The `envace` entry point turns errors a user can act on into one line and an exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envace.cli import main
+
+
+def _refuse(*args: Any, **kwargs: Any) -> None:
+    raise PermissionError(13, "Permission denied", "/data/tasks/train.jsonl")
+
+
+def test_os_error_is_one_line_with_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import envace.tasks.generate
+
+    monkeypatch.setattr(envace.tasks.generate, "write_splits", _refuse)
+    args = ["tasks", "generate", "--out", str(tmp_path / "t"), "--n-train", "2", "--n-test", "1"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "envace: error: Permission denied: /data/tasks/train.jsonl" in err
+    assert "Traceback" not in err
+    with pytest.raises(PermissionError):  # -v: the traceback, for a bug report
+        main(["-v", *args])
