@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -107,18 +108,23 @@ def _rehearsal_config(args: argparse.Namespace) -> Any:
             fields["memory_prompt"] = args.rehearsal_prompt.read_text(encoding="utf-8")
         except OSError as exc:
             raise UserInputError(f"--rehearsal-prompt {args.rehearsal_prompt}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise UserInputError(
+                f"--rehearsal-prompt {args.rehearsal_prompt}: byte {exc.start} is not UTF-8; the "
+                "file must be UTF-8 text (re-save it as UTF-8)"
+            ) from exc
     return parse_rehearsal(args.rehearsal, **fields)
 
 
 def _policy(spec: str, benchmark: str, seed: int) -> Any:
     from envace.evaluate.bfcl.policies import BfclOraclePolicy, EmptyPolicy
-    from envace.rollout.factory import build_policy
+    from envace.rollout.factory import CHECKPOINT_FORMS, build_policy
 
     if spec == "empty":
         return EmptyPolicy()
     if spec == "oracle" and benchmark == "bfcl":
         return BfclOraclePolicy()
-    return build_policy(spec, seed=seed)
+    return build_policy(spec, seed=seed, forms=f"oracle, random, empty, {CHECKPOINT_FORMS}")
 
 
 def _rollout_config(args: argparse.Namespace) -> Any:
@@ -136,8 +142,14 @@ def _rollout_config(args: argparse.Namespace) -> Any:
 
 
 def _check(args: argparse.Namespace) -> str:
+    """Refuse bad flags before any model loads or episode runs, naming the flag and its range."""
     from envace.errors import UserInputError
 
+    _check_sampling(args)
+    if args.store is not None:
+        from envace.storage.uri import parse_uri
+
+        parse_uri(args.store)  # an unsupported scheme fails now, not after the whole evaluation
     if args.n < 1:
         raise UserInputError(f"--n must be >= 1, got {args.n}")
     if args.limit is not None and args.limit < 1:
@@ -153,6 +165,30 @@ def _check(args: argparse.Namespace) -> str:
             "(e.g. bfcl:simple,multi_turn_base or bfcl:all)"
         )
     return kind
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """Token budgets and temperatures; a bad one would otherwise still report a score."""
+    from envace.errors import UserInputError
+
+    for flag, value in (
+        ("--temperature", args.temperature),
+        ("--rehearsal-temperature", args.rehearsal_temperature),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise UserInputError(f"{flag} must be a finite number >= 0 (0: greedy), got {value}")
+    for flag, count in (
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--max-context-tokens", args.max_context_tokens),
+        ("--rehearsal-memory-tokens", args.rehearsal_memory_tokens),
+    ):
+        if count < 1:
+            raise UserInputError(f"{flag} must be >= 1, got {count}")
+    if args.max_context_tokens <= args.max_new_tokens:
+        raise UserInputError(
+            f"--max-context-tokens ({args.max_context_tokens}) must be greater than "
+            f"--max-new-tokens ({args.max_new_tokens}): the context holds the prompt and the reply"
+        )
 
 
 def _run(args: argparse.Namespace) -> int:

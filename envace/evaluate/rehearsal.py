@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -37,6 +38,7 @@ from envace.tasks.model import Task
 
 __all__ = [
     "DEFAULT_MEMORY_PROMPT",
+    "MAX_REHEARSAL_N",
     "NOTES_HEADER",
     "ChatMemoryWriter",
     "DigestMemoryWriter",
@@ -59,6 +61,10 @@ __all__ = [
 ]
 
 RehearsalMode = Literal["parallel", "sequential"]
+
+# Imagined attempts per task. Every attempt is a whole imagined episode per task, kept until it is
+# condensed, so a typo such as parallel:99999999 was OOM-killed; the bound makes it a clear error.
+MAX_REHEARSAL_N = 64
 
 DEFAULT_MEMORY_PROMPT = """You privately rehearsed a tool-use task before doing it for real. \
 In the rehearsal you played both the agent and the tools, so the tool results below are \
@@ -101,8 +107,10 @@ class RehearsalConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("parallel", "sequential"):
             raise UserInputError(f"rehearsal mode {self.mode!r}: use parallel or sequential")
-        if self.n < 1:
-            raise UserInputError(f"rehearsal n={self.n}: at least one imagined attempt")
+        if not 1 <= self.n <= MAX_REHEARSAL_N:
+            raise UserInputError(
+                f"rehearsal n={self.n}: use 1 to {MAX_REHEARSAL_N} imagined attempts per task"
+            )
         if self.memory_tokens < 1:
             raise UserInputError(f"rehearsal memory_tokens={self.memory_tokens}: must be >= 1")
         if self.temperature < 0:
@@ -112,13 +120,23 @@ class RehearsalConfig:
 
 
 def parse_rehearsal(spec: str, **fields: Any) -> RehearsalConfig:
-    """`parallel:4` | `sequential:2` (+ other `RehearsalConfig` fields) -> RehearsalConfig."""
+    """`parallel:4` | `sequential:2` (+ other `RehearsalConfig` fields) -> RehearsalConfig.
+
+    N is ASCII digits only (`str.isdigit` also accepts `²`, which `int` refuses) and at most
+    `MAX_REHEARSAL_N`: each attempt is a full imagined episode per task, held in memory.
+    """
     mode, sep, count = spec.partition(":")
-    if not sep or mode not in ("parallel", "sequential") or not count.isdigit():
+    if not sep or mode not in ("parallel", "sequential") or not re.fullmatch(r"[0-9]+", count):
         raise UserInputError(
             f"--rehearsal {spec!r}: expected parallel:N or sequential:N, e.g. parallel:4"
         )
-    return RehearsalConfig(mode=mode, n=int(count), **fields)  # type: ignore[arg-type]
+    digits = count.lstrip("0") or "0"
+    n = int(digits) if len(digits) <= 6 else MAX_REHEARSAL_N + 1  # no int() of a huge string
+    if not 1 <= n <= MAX_REHEARSAL_N:
+        raise UserInputError(
+            f"--rehearsal {spec!r}: N must be 1 to {MAX_REHEARSAL_N} imagined attempts per task"
+        )
+    return RehearsalConfig(mode=mode, n=n, **fields)  # type: ignore[arg-type]
 
 
 # --- the condensation prompt ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 
+from envace.errors import UserInputError
 from envace.policy.static_decode import StaticDecoder, static_decode_supported
 from envace.policy.types import Generation, SamplingParams, check_prompts
 
@@ -33,13 +34,71 @@ DecodeMode = Literal["auto", "generate", "static"]
 log = logging.getLogger(__name__)
 
 
-def load_model_and_tokenizer(path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
-    """Load a Hugging Face checkpoint (a local directory or a hub id) for generation/training."""
+_CHECKPOINT_FORMS = (
+    "a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files) or a hub id "
+    "(name or namespace/name)"
+)
+_DEFAULT_HINT = f"use {_CHECKPOINT_FORMS} (model.path in a run config)"
+
+
+def load_model_and_tokenizer(
+    path: str | Path, dtype: str = "float32", *, hint: str | None = None
+) -> tuple[Any, Any]:
+    """Load a Hugging Face checkpoint (a local directory or a hub id) for generation/training.
+
+    A bad checkpoint is user input (`envace evaluate --policy`, `model.path` of `envace run`), so
+    every way it can fail raises `UserInputError` naming the path, the reason and the fix instead
+    of a transformers/safetensors traceback. `hint` (how to fix it: what the caller's option
+    accepts) ends those messages; by default it names the checkpoint forms and `model.path`.
+    """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    hint = hint or _DEFAULT_HINT
+    source = _checked_checkpoint(str(path), hint)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+    except (OSError, ValueError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
+        raise UserInputError(
+            f"cannot load the checkpoint {path}: {_one_line(exc)}; re-download or re-commit the "
+            f"checkpoint, or {hint}"
+        ) from exc
     return model, tokenizer
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A hub id is `name` or `namespace/name`; anything else with a separator is a path."""
+    return spec.startswith(("/", ".", "~")) or "\\" in spec or spec.count("/") > 1
+
+
+def _checked_checkpoint(spec: str, hint: str) -> str:
+    """What to hand to `from_pretrained`: a checked local folder, or `spec` as a hub id.
+
+    A committed folder (MANIFEST.json) is verified first, so a truncated file is named with its
+    size instead of surfacing as a safetensors header error.
+    """
+    local = Path(spec).expanduser()
+    if not local.exists():
+        if _looks_like_path(spec):
+            raise UserInputError(f"no such checkpoint directory: {spec}; {hint}")
+        return spec
+    if not (local / "config.json").is_file():
+        raise UserInputError(
+            f"{spec} is not a Hugging Face checkpoint (no config.json; `envace run` writes them "
+            f"under …/checkpoints/…); {hint}"
+        )
+    if (local / "MANIFEST.json").is_file():
+        from envace.storage.artifacts import verify
+
+        verify(str(local))
+    return str(local)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an error, capped: transformers' messages run to paragraphs."""
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def resolve_decode(mode: str, model: Any) -> str:

@@ -136,3 +136,53 @@ def test_evaluate_policy_without_probes_reports_no_fidelity(task_dir: Path) -> N
     assert res.metrics.success_rate == 1.0 and res.metrics.rehearsal_fidelity is None
     res = evaluate_policy(RandomPolicy(1), tasks, RolloutConfig())
     assert res.metrics.n_episodes == 5
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+        (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+        (["--rehearsal-temperature", "inf"], "--rehearsal-temperature must be a finite number"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["--max-context-tokens", "0"], "--max-context-tokens must be >= 1, got 0"),
+        (["--rehearsal-memory-tokens", "0"], "--rehearsal-memory-tokens must be >= 1"),
+        (["--max-context-tokens", "256"], "--max-context-tokens (256) must be greater than"),
+        (["--store", "ftp://x"], "unsupported URI scheme 'ftp'"),
+    ],
+)
+def test_bad_flags_are_refused_before_the_evaluation_runs(
+    task_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    message: str,
+) -> None:
+    out = tmp_path / "o"
+    args = ["evaluate", "--policy", "oracle", "--tasks", str(task_dir / "test.jsonl")]
+    assert main([*args, "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (out / "report.json").exists()  # refused up front: nothing was evaluated
+
+
+def test_a_missing_or_corrupt_checkpoint_exits_2_naming_it(
+    task_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    micro_model: object,
+    tiny_tokenizer: object,
+) -> None:
+    from envace.policy.tiny import save_checkpoint
+
+    args = ["evaluate", "--tasks", str(task_dir / "test.jsonl"), "--out", str(tmp_path / "o")]
+    assert main([*args, "--policy", "/nonexistent/dir"]) == 2
+    err = capsys.readouterr().err
+    assert "no such checkpoint directory: /nonexistent/dir" in err
+    assert "oracle, random, empty" in err and "Repo id" not in err
+    ckpt = save_checkpoint(micro_model, tiny_tokenizer, tmp_path / "ckpt")
+    (ckpt / "model.safetensors").write_bytes(b"\x01\x02")
+    assert main([*args, "--policy", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot load the checkpoint {ckpt}" in err and "re-download" in err
+    assert "Traceback" not in err

@@ -13,6 +13,7 @@ from envace.cli import main
 from envace.errors import UserInputError
 from envace.evaluate.benchmarks import run_synthetic
 from envace.evaluate.rehearsal import (
+    MAX_REHEARSAL_N,
     NOTES_HEADER,
     DigestMemoryWriter,
     ModelMemoryWriter,
@@ -69,6 +70,22 @@ def test_parse_rehearsal_flag() -> None:
             parse_rehearsal(bad)
     with pytest.raises(UserInputError, match="memory_tokens"):
         RehearsalConfig(memory_tokens=0)
+    # `str.isdigit` accepts superscripts and other non-ASCII digits that `int` refuses
+    for bad in ("parallel:\u00b2", "sequential:\u0663", "parallel: 2", "parallel:2 "):
+        with pytest.raises(UserInputError, match="parallel:N or sequential:N"):
+            parse_rehearsal(bad)
+    assert parse_rehearsal(f"parallel:{MAX_REHEARSAL_N}").n == MAX_REHEARSAL_N
+    for huge in (
+        f"parallel:{MAX_REHEARSAL_N + 1}",
+        "parallel:99999999",
+        "sequential:" + "9" * 5000,
+    ):
+        with pytest.raises(UserInputError) as info:
+            parse_rehearsal(huge)
+        assert f"N must be 1 to {MAX_REHEARSAL_N} imagined attempts" in str(info.value)
+        assert str(info.value).startswith("--rehearsal ")
+    with pytest.raises(UserInputError, match=str(MAX_REHEARSAL_N)):
+        RehearsalConfig(n=MAX_REHEARSAL_N + 1)
     with pytest.raises(UserInputError, match="empty"):
         RehearsalConfig(memory_prompt="  ")
 
@@ -322,3 +339,10 @@ def test_cli_rejects_bad_rehearsal_and_benchmark_flags(
     args = [*base, "--tasks", str(task_file), "--rehearsal", "parallel:2"]
     assert main([*args, "--rehearsal-prompt", str(missing)]) == 2
     assert "nope.txt" in capsys.readouterr().err
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("Notes de r\u00e9p\u00e9tition".encode("latin-1"))
+    assert main([*args, "--rehearsal-prompt", str(latin1)]) == 2
+    err = capsys.readouterr().err
+    assert "latin1.txt" in err and "must be UTF-8 text" in err and "Traceback" not in err
+    assert main([*args[:-1], "parallel:\u00b2"]) == 2
+    assert "parallel:N" in capsys.readouterr().err
