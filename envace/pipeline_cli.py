@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,6 +53,8 @@ _PARAM_TYPES: dict[str, tuple[type, str]] = {
     "NUMBER_DOUBLE": (float, "a number"),
     "BOOLEAN": (bool, "true or false"),
 }
+# kfp's memory pattern, less the suffix K, which Kubernetes does not accept (it wants k).
+_KFP_MEMORY = re.compile(r"^[0-9]+(Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
 
 # --- shared arguments -------------------------------------------------------------------------
@@ -123,15 +126,36 @@ def _pipeline_args(parser: argparse.ArgumentParser) -> None:
     _config_args(parser, "default of the `config` run parameter; default: the built-in defaults")
 
 
+def _check_kfp_memory(value: str, flag: str) -> str:
+    """A memory quantity kfp also accepts: it takes whole numbers only, and K but not k."""
+    from envace.cluster.trainjob import check_memory_quantity
+
+    check_memory_quantity(value, flag)
+    if not _KFP_MEMORY.fullmatch(value):
+        raise UserInputError(
+            f"{flag} {value!r}: pipeline steps take a whole number with an optional suffix"
+            f" Ki, M, Mi, G, Gi, ..., e.g. {flag} 1536Mi rather than 1.5Gi"
+        )
+    return value
+
+
 def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
     """`PipelineOptions` from the compile flags."""
-    from envace.cluster.trainjob import parse_key_value, parse_toleration
+    from envace.cluster.trainjob import (
+        check_cpu_quantity,
+        check_memory_quantity,
+        parse_key_value,
+        parse_toleration,
+    )
     from envace.config import load_config
     from envace.stages import config_json
     from pipelines.pipeline import DEFAULT_STORE, DEFAULT_STORE_ENDPOINT, PipelineOptions
 
     if args.rounds < 0 or args.gpus < 0:
         raise UserInputError("--rounds and --gpus must be 0 or more")
+    check_cpu_quantity(args.cpu, "--cpu")
+    _check_kfp_memory(args.memory, "--memory")
+    check_memory_quantity(args.shm_size, "--shm-size")
     tolerations = None
     if args.gpu_toleration is not None:
         tolerations = tuple(parse_toleration(t) for t in args.gpu_toleration)
@@ -154,18 +178,47 @@ def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
 
 
 # --- compile ----------------------------------------------------------------------------------
+def check_out_path(out: Path) -> None:
+    """Refuse an output path kfp cannot write, before anything is compiled: kfp's own errors
+    are a bare ValueError (the suffix) or an OSError naming a temporary detail."""
+    if out.suffix not in (".yaml", ".yml"):
+        raise UserInputError(
+            f"--out {out}: the compiled pipeline is YAML; give a file path ending in .yaml,"
+            f" e.g. --out {DEFAULT_PACKAGE}"
+        )
+    if out.is_dir():
+        raise UserInputError(f"--out {out}: is a folder; give a file path ending in .yaml")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # compile creates the missing folders below this one
+    if not folder.is_dir():
+        raise UserInputError(f"--out {out}: {folder} is a file, not a folder; choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserInputError(f"--out {out}: cannot write in {folder}; choose a writable folder")
+
+
 def compile_pipeline(options: PipelineOptions, out: Path) -> Path:
-    """Write the pipeline for `options` as KFP IR YAML to `out`."""
+    """Write the pipeline for `options` as KFP IR YAML to `out`.
+
+    kfp streams the YAML into the file it is given, so it writes a scratch copy and `out` is
+    replaced atomically: a failure never leaves a half-written pipeline where one was.
+    """
     from kfp import compiler
 
+    from envace.tasks.io import atomic_write_text
     from pipelines.pipeline import build_pipeline
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(options), str(out))
+    check_out_path(out)
+    with tempfile.TemporaryDirectory(prefix="envace-pipeline-") as scratch:
+        staged = Path(scratch) / "pipeline.yaml"
+        compiler.Compiler().compile(build_pipeline(options), str(staged))
+        text = staged.read_text(encoding="utf-8")
+    atomic_write_text(out, text)
     return out
 
 
 def _compile(args: argparse.Namespace) -> int:
+    check_out_path(args.out)  # before the config is loaded: a typo here fails at once
     out = compile_pipeline(pipeline_options(args), args.out)
     print(f"wrote {out} ({args.rounds} round(s)); upload it in the Kubeflow Pipelines UI")
     return 0

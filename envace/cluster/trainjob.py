@@ -37,6 +37,8 @@ __all__ = [
     "TrainJobSpec",
     "build_config_map",
     "build_trainjob",
+    "check_cpu_quantity",
+    "check_memory_quantity",
     "config_map_name",
     "default_job_name",
     "parse_key_value",
@@ -64,6 +66,11 @@ _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# Kubernetes quantities (resource.Quantity) as people write them: a plain or decimal number with
+# an optional suffix. CPU: cores or millicores (500m). Memory: bytes with a decimal (k, M, G, ...)
+# or binary (Ki, Mi, Gi, ...) suffix; not m, which means milli-bytes there (a typo for Mi).
+_CPU_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
+_MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 _LABELS = {"app.kubernetes.io/part-of": "envace", "app.kubernetes.io/component": "train"}
 
 
@@ -120,6 +127,10 @@ class TrainJobSpec:
             raise UserInputError(f"--gpus-per-node must be 0 or more, got {self.gpus_per_node}")
         if self.procs_per_node is not None and self.procs_per_node < 1:
             raise UserInputError(f"--procs-per-node must be at least 1, got {self.procs_per_node}")
+        if self.cpu is not None:
+            check_cpu_quantity(self.cpu, "--cpu")
+        if self.memory is not None:
+            check_memory_quantity(self.memory, "--memory")
         if self.runtime_kind not in ("TrainingRuntime", "ClusterTrainingRuntime"):
             raise UserInputError(
                 f"runtime kind must be TrainingRuntime or ClusterTrainingRuntime, "
@@ -140,6 +151,31 @@ class TrainJobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
+
+
+def check_cpu_quantity(value: str, flag: str) -> str:
+    """`value` if it is a CPU quantity (16, 0.5, 500m), else UserInputError naming `flag`.
+
+    Checked here because the API server would refuse the object only at submit time, and a
+    dry run would print a manifest that cannot be applied.
+    """
+    if not _CPU_QUANTITY.fullmatch(value):
+        raise UserInputError(
+            f"{flag} {value!r} is not a Kubernetes CPU quantity: give cores or millicores,"
+            f" e.g. {flag} 16, {flag} 0.5 or {flag} 500m"
+        )
+    return value
+
+
+def check_memory_quantity(value: str, flag: str) -> str:
+    """`value` if it is a memory quantity (128Gi, 512Mi, 1.5G), else UserInputError naming `flag`."""
+    if not _MEMORY_QUANTITY.fullmatch(value):
+        hint = " (m means milli-bytes; write Mi for mebibytes)" if value.endswith("m") else ""
+        raise UserInputError(
+            f"{flag} {value!r} is not a Kubernetes memory quantity{hint}: give a number of"
+            f" bytes with an optional suffix k, M, G, T, Ki, Mi, Gi, Ti, ..., e.g. {flag} 128Gi"
+        )
+    return value
 
 
 def validate_job_name(name: str) -> None:

@@ -223,21 +223,42 @@ def fetch_dir(
     """
     store, prefix = open_store(uri, config, retry=retry)
     dest = Path(local_dir)
+    if dest.exists() and not dest.is_dir():
+        raise UserInputError(
+            f"cannot fetch {uri} into {dest}: it is a file, not a folder; pass a folder path"
+        )
     if _same_dir(store, dest):
         return verify(uri, deep=True, progress=progress)
     manifest = _read(store, prefix, uri)
     if _local_copy_matches(dest, manifest):
         log.info("%s already holds %s; nothing to download", dest, uri)
         return manifest
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / MANIFEST_NAME).unlink(missing_ok=True)
-    for entry in manifest.files:
-        _fetch_one(store, join_key(prefix, entry.path), entry, dest / entry.path, uri, progress)
-    fsync_files(dest / e.path for e in manifest.files)
-    with atomic_target(dest / MANIFEST_NAME, durable=True) as tmp:
-        tmp.write_bytes(manifest.to_json())
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / MANIFEST_NAME).unlink(missing_ok=True)
+        for entry in manifest.files:
+            key = join_key(prefix, entry.path)
+            _fetch_one(store, key, entry, dest / entry.path, uri, progress)
+        fsync_files(dest / e.path for e in manifest.files)
+        with atomic_target(dest / MANIFEST_NAME, durable=True) as tmp:
+            tmp.write_bytes(manifest.to_json())
+    except OSError as exc:
+        raise _local_write_error(uri, dest, exc) from exc
     log.info("fetched %s into %s: %d file(s)", uri, dest, len(manifest.files))
     return manifest
+
+
+def _local_write_error(uri: str, dest: Path, exc: OSError) -> UserInputError:
+    """The local side of a download failed (a folder where a file goes, no permission, a full
+    disk): name the local path, since the artifact itself is fine. The copy stays without a
+    manifest, so nothing reads it as complete."""
+    # os.replace reports (temporary file, target): the target is the path the user knows.
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
+    where = f" at {path}" if path is not None else ""
+    return UserInputError(
+        f"cannot fetch {uri} into {dest}: {exc.strerror or exc}{where}; pass a writable local"
+        " folder (and remove anything in the way)"
+    )
 
 
 def _problems(

@@ -30,7 +30,12 @@ def _ls(args: argparse.Namespace) -> int:
     from envace.storage.artifacts import open_store
 
     store, prefix = open_store(args.uri)
-    for info in store.list(prefix, recursive=args.recursive):
+    found = store.list(prefix, recursive=args.recursive)
+    if not found:
+        # Exit 1, like `ls` of a missing path: a typo in URI must not look like an empty listing.
+        print(f"envace store ls: nothing at {args.uri}", file=sys.stderr)
+        return 1
+    for info in found:
         size = "DIR" if info.is_dir else str(info.size)
         print(f"{size:>14}  {store.uri(info.key.rstrip('/'))}{'/' if info.is_dir else ''}")
     return 0
@@ -95,7 +100,7 @@ def register(subparsers: Any) -> None:
     )
     sub = parser.add_subparsers(dest="store_command", metavar="ACTION", required=True)
 
-    ls = sub.add_parser("ls", help="list objects under a URI")
+    ls = sub.add_parser("ls", help="list objects under a URI (exit 1: nothing there)")
     ls.add_argument("uri", metavar="URI")
     ls.add_argument("-r", "--recursive", action="store_true", help="list every object below")
     ls.set_defaults(func=_ls)

@@ -72,6 +72,48 @@ def _summary(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _timeout_kind(exc: BaseException) -> str | None:
+    """Which timeout `exc`, or an error it wraps, is: "connect", "read", or None for none.
+
+    Matched by class name so this module does not import urllib3: its ConnectTimeoutError and
+    ReadTimeoutError derive from a class named TimeoutError, as the built-in one is named.
+    """
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending:
+        err = pending.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        names = {cls.__name__ for cls in type(err).__mro__}
+        if "ConnectTimeoutError" in names:
+            return "connect"
+        if "TimeoutError" in names:
+            return "read"
+        # MaxRetryError keeps its cause in `reason`.
+        for inner in (getattr(err, "reason", None), err.__cause__, err.__context__):
+            if isinstance(inner, BaseException):
+                pending.append(inner)
+    return None
+
+
+def _advice(exc: BaseException) -> str:
+    """What to check after the last attempt failed with `exc`."""
+    kind = _timeout_kind(exc)
+    if kind == "connect":
+        return (
+            "No connection was made within ENVACE_S3_CONNECT_TIMEOUT_S: check that the endpoint"
+            " (ENVACE_S3_ENDPOINT) is right and reachable from here, then re-run"
+        )
+    if kind == "read":
+        return (
+            "The server took the connection but did not answer within ENVACE_S3_READ_TIMEOUT_S:"
+            " check that it is healthy (a stuck server holds each attempt that long; a shorter"
+            " ENVACE_S3_READ_TIMEOUT_S gives up sooner), then re-run"
+        )
+    return "Check that the endpoint is reachable and healthy (ENVACE_S3_ENDPOINT), then re-run"
+
+
 def call_with_retry(
     fn: Callable[[], T],
     *,
@@ -104,8 +146,7 @@ def call_with_retry(
             if attempt >= policy.max_attempts or elapsed + delay > policy.total_budget_s:
                 raise StoreUnavailableError(
                     f"{operation} {target} failed on endpoint {endpoint} after {attempt}"
-                    f" attempt(s) in {elapsed:.1f}s ({_summary(exc)}). Check that the endpoint"
-                    " is reachable and healthy (ENVACE_S3_ENDPOINT), then re-run"
+                    f" attempt(s) in {elapsed:.1f}s ({_summary(exc)}). {_advice(exc)}"
                 ) from exc
             log.warning(
                 "%s %s on %s: %s; retry %d/%d in %.2fs",

@@ -10,6 +10,7 @@ nothing here logs them.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -67,18 +68,38 @@ def _parse_number(value: Any, kind: type[int] | type[float], where: str) -> int 
 
 def _split_endpoint(endpoint: str, where: str) -> tuple[str, bool | None]:
     """`http://host:port` -> ("host:port", False); a bare `host:port` -> (it, None)."""
+    form = "give host:port or http(s)://host:port, e.g. minio:9000 or http://[::1]:9000"
     if "://" not in endpoint:
         host, scheme_secure = endpoint, None
     else:
-        parts = urlsplit(endpoint)
+        try:
+            parts = urlsplit(endpoint)
+        except ValueError as exc:  # an unclosed IPv6 bracket
+            raise ConfigError(f"{where}={endpoint!r}: {exc}; {form}") from None
         if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
-            raise ConfigError(
-                f"{where}={endpoint!r}: give host:port or http(s)://host:port, without a path"
-            )
+            raise ConfigError(f"{where}={endpoint!r}: {form}, without a path")
         host, scheme_secure = parts.netloc, parts.scheme == "https"
-    if not host or "/" in host or "@" in host:
-        raise ConfigError(f"{where}={endpoint!r}: give host:port or http(s)://host:port")
+    if not host or "/" in host or "@" in host or " " in host or not host.isprintable():
+        raise ConfigError(f"{where}={endpoint!r}: {form}")
+    _check_host_port(host, endpoint, where, form)
     return host, scheme_secure
+
+
+def _check_host_port(host: str, endpoint: str, where: str, form: str) -> None:
+    """A host name and, when given, a port 1-65535: minio would refuse either later, when the
+    client is built, with a bare ValueError that names no variable."""
+    try:
+        parts = urlsplit(f"//{host}")
+    except ValueError as exc:  # an unclosed IPv6 bracket
+        raise ConfigError(f"{where}={endpoint!r}: {exc}; {form}") from None
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or over 65535
+        port = 0
+    if port == 0 or host.endswith(":"):
+        raise ConfigError(f"{where}={endpoint!r}: the port must be a number 1-65535; {form}")
+    if not parts.hostname:
+        raise ConfigError(f"{where}={endpoint!r}: no host name; {form}")
 
 
 @dataclass(frozen=True)
@@ -120,11 +141,17 @@ class S3Settings:
                 f"S3 parallel_uploads={self.parallel_uploads} (ENVACE_S3_PARALLEL_UPLOADS):"
                 " must be >= 1"
             )
-        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
-            raise ConfigError(
-                "S3 connect_timeout_s / read_timeout_s (ENVACE_S3_CONNECT_TIMEOUT_S,"
-                " ENVACE_S3_READ_TIMEOUT_S) must be > 0 seconds"
-            )
+        for name, value in (
+            ("connect_timeout_s", self.connect_timeout_s),
+            ("read_timeout_s", self.read_timeout_s),
+        ):
+            # Written as "not (...)" so NaN is refused too; inf would let a stuck server hang
+            # a command forever.
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(
+                    f"S3 {name}={value!r} ({ENV_VARS[name][0]}): must be a finite number of"
+                    " seconds > 0, e.g. 30"
+                )
 
     def __repr__(self) -> str:
         shown = []

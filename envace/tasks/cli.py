@@ -40,7 +40,8 @@ def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="check task files against the task format",
         description=(
             "Check task files. Prints each error to stderr and 'N valid, M invalid' to stdout; "
-            "exits 0 when every task is valid, 2 otherwise."
+            "exits 0 when every file holds tasks and every task is valid, 2 otherwise (a file "
+            "with no tasks is an error: there is nothing in it to train or evaluate on)."
         ),
     )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="JSONL task file")
@@ -90,6 +91,7 @@ class _Tally:
     invalid: int = 0
     not_checked: int = 0
     unreadable: int = 0
+    empty: int = 0
 
     def summary(self) -> str:
         text = f"{self.valid} valid, {self.invalid} invalid"
@@ -100,7 +102,13 @@ class _Tally:
             )
         if self.unreadable:
             text += f", {self.unreadable} unreadable file(s)"
+        if self.empty:
+            text += f", {self.empty} empty file(s)"
         return text
+
+    @property
+    def ok(self) -> bool:
+        return self.invalid == 0 and self.unreadable == 0 and self.empty == 0
 
 
 def _nonblank_line_numbers(path: Path) -> list[int]:
@@ -126,6 +134,10 @@ def _validate_file(path: Path, skip_invalid: bool, tally: _Tally) -> None:
         return
     for skipped in result.skipped:
         print(skipped, file=sys.stderr)
+    if not result.tasks and not result.skipped:
+        print(f"{path}: no tasks (empty file)", file=sys.stderr)
+        tally.empty += 1
+        return
     tally.valid += len(result.tasks)
     tally.invalid += len(result.skipped)
 
@@ -135,7 +147,7 @@ def _validate(args: argparse.Namespace) -> int:
     for path in args.files:
         _validate_file(path, args.skip_invalid, tally)
     print(tally.summary())
-    return 0 if tally.invalid == 0 and tally.unreadable == 0 else 2
+    return 0 if tally.ok else 2
 
 
 def _import(args: argparse.Namespace) -> int:

@@ -796,7 +796,13 @@ def write_splits(out_dir: Path, n_train: int, n_test: int, seed: int) -> dict[st
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserInputError(f"output path {out} exists and is not a folder; pass a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(
+            f"cannot create the output folder {out}: {exc.strerror or exc}; "
+            "pass a folder in a writable place"
+        ) from exc
     paths = {name: out / f"{name}.jsonl" for name in ("train", "test", "gold_train")}
     _write_jsonl(paths["train"], splits.train)
     _write_jsonl(paths["test"], splits.test)

@@ -36,6 +36,7 @@ from envace.tasks.loader import (
     check_task,
     json_type_name,
     parse_json_strict,
+    show_text,
 )
 from envace.tasks.model import Task
 
@@ -88,6 +89,14 @@ def _read_parquet(path: Path, file: str) -> list[Any]:
         raise TaskFormatError(
             file, None, None, "", "reading parquet files needs pyarrow: pip install pyarrow"
         ) from exc
+    # Opened here first: pyarrow's error for a missing file carries no reason, and it would
+    # read a folder as a dataset of parquet files.
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise TaskFormatError(file, None, None, "", f"cannot read the file: {reason}") from exc
     try:
         rows: list[Any] = pq.read_table(path).to_pylist()
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
@@ -340,7 +349,9 @@ class _Importer:
             raise self._error(index, line, task_id, exc.field, exc.message) from None
         if task_id in self.first_record:
             first = self.first_record[task_id]
-            message = f"duplicate task id {task_id!r} (first in record {first})"
+            message = (
+                f"duplicate task id {show_text(task_id, quote=True)} (first in record {first})"
+            )
             raise self._error(index, line, task_id, "extra_info.original_index", message)
         self.first_record[task_id] = index
         # Imported tasks carry no environment, so no environment names are needed.

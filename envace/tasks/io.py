@@ -126,8 +126,10 @@ def _task_line(task: Task) -> str:
         # allow_nan=False: NaN/Infinity are not JSON, and the loader would refuse the file.
         return json.dumps(task_to_dict(task), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
+        from envace.tasks.loader import show_text  # loader imports this module
+
         raise UserInputError(
-            f"task {task.id!r} cannot be written as JSON: {exc}; "
+            f"task {show_text(task.id, quote=True)} cannot be written as JSON: {exc}; "
             "task values must be JSON (no NaN/Infinity, no Python-only types)"
         ) from exc
 
@@ -144,8 +146,10 @@ def write_tasks_jsonl(path: str | os.PathLike[str], tasks: Iterable[Task]) -> in
     first_index: dict[str, int] = {}
     for index, task in enumerate(tasks):
         if task.id in first_index:
+            from envace.tasks.loader import show_text  # loader imports this module
+
             raise UserInputError(
-                f"cannot write {target}: duplicate task id {task.id!r} "
+                f"cannot write {target}: duplicate task id {show_text(task.id, quote=True)} "
                 f"(tasks {first_index[task.id]} and {index}); ids must be unique in a file"
             )
         first_index[task.id] = index
@@ -156,9 +160,22 @@ def write_tasks_jsonl(path: str | os.PathLike[str], tasks: Iterable[Task]) -> in
 
 def atomic_write_text(target: Path, text: str) -> None:
     """Write via a temp file in the same folder + `os.replace`: a crash never leaves a
-    half-written file, and a file already there stays intact until the new one is complete."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    half-written file, and a file already there stays intact until the new one is complete.
+
+    A path that cannot be written (a folder, a read-only place, a file where a folder should
+    be, a full disk) raises UserInputError naming the target, never a bare OSError.
+    """
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        what = f"cannot create its folder {target.parent}"
+        if isinstance(exc, FileExistsError | NotADirectoryError):
+            what += ": a file is in the way"
+        raise _cannot_write(target, what, exc) from exc
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _cannot_write(target, "", exc) from exc
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
@@ -169,6 +186,15 @@ def atomic_write_text(target: Path, text: str) -> None:
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
         tmp.chmod(mode)
         os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _cannot_write(target, "", exc) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _cannot_write(target: Path, what: str, exc: OSError) -> UserInputError:
+    reason = exc.strerror or str(exc)
+    detail = f"{what} ({reason})" if what else reason
+    return UserInputError(f"cannot write {target}: {detail}; choose a writable file path")

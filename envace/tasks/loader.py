@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -42,11 +43,13 @@ __all__ = [
     "json_type_name",
     "load_tasks",
     "parse_json_strict",
+    "show_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 WEIGHT_TOLERANCE = 1e-6
+SHOWN_TEXT_LIMIT = 80
 REFERENCE_ROLES = ("assistant", "system", "tool", "user")
 _CHECKLIST_KEYS = frozenset(
     {
@@ -103,7 +106,7 @@ class TaskFormatError(UserInputError):
         if self.record is not None:
             where += f" record {self.record}"
         if self.task_id is not None:
-            where += f" (id={self.task_id})"
+            where += f" (id={show_text(self.task_id)})"
         field_part = f"{self.field}: " if self.field else ""
         return f"{where}: {field_part}{self.message}"
 
@@ -145,13 +148,27 @@ def format_path(parts: Iterable[str | int], base: str = "") -> str:
         elif _PLAIN_KEY.match(part):
             out += f".{part}" if out else part
         else:
-            out += f"[{json.dumps(part, ensure_ascii=False)}]"
+            out += f"[{_short(part, SHOWN_TEXT_LIMIT)}]"
     return out
 
 
 def json_type_name(value: Any) -> str:
     """The JSON name of a Python value's type (`object`, `array`, `integer`, ...)."""
     return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def show_text(text: str, *, quote: bool = False, limit: int = SHOWN_TEXT_LIMIT) -> str:
+    """A user string (a task id, a tool name) as an error message may show it.
+
+    Escaped like `ascii()`, so a newline or a terminal control code in it cannot fake extra
+    lines or colours, and cut to `limit` characters with an ellipsis, so a huge value cannot
+    flood the terminal. `quote` keeps the quotes of `ascii()`, as `!r` would.
+    """
+    literal = ascii(text)
+    mark, body = literal[0], literal[1:-1]
+    if len(body) > limit:
+        body = body[:limit] + "…"
+    return f"{mark}{body}{mark}" if quote else body
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -161,8 +178,11 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
+    """A message that quotes user data as one line: whitespace collapsed, cut to `limit`, and
+    other control characters (terminal escape codes) escaped."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,11 +234,11 @@ def _describe_pattern(instance: Any, value: Any, schema: Any) -> _Described:
 
 
 def _describe_minimum(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"{instance} is below the minimum {value}"
+    return [], f"{_short(instance)} is below the minimum {value}"
 
 
 def _describe_maximum(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"{instance} is above the maximum {value}"
+    return [], f"{_short(instance)} is above the maximum {value}"
 
 
 _DESCRIBERS: dict[str, Callable[[Any, Any, Any], _Described]] = {
@@ -332,14 +352,16 @@ def _arguments_problem(
         error = best_match(_arguments_validator(parameters).iter_errors(arguments))
     except Unresolvable as exc:
         message = (
-            f"cannot check against the parameters of tool {tool!r}: {exc}; "
+            f"cannot check against the parameters of tool {show_text(tool, quote=True)}: "
+            f"{_one_line(str(exc))}; "
             "inline the referenced schema (remote $refs are not fetched)"
         )
         return TaskProblem(base, message)
     if error is None:
         return None
     problem = _problem_from_schema_error(error, base)
-    return TaskProblem(problem.field, f"{problem.message} (parameters of tool {tool!r})")
+    shown = show_text(tool, quote=True)
+    return TaskProblem(problem.field, f"{problem.message} (parameters of tool {shown})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +390,8 @@ def _tool_problems(tools: list[dict[str, Any]]) -> Iterator[TaskProblem]:
         if name in first_index:
             yield TaskProblem(
                 f"tools[{i}].function.name",
-                f"duplicate tool name {name!r} (also tools[{first_index[name]}])",
+                f"duplicate tool name {show_text(name, quote=True)}"
+                f" (also tools[{first_index[name]}])",
             )
         first_index.setdefault(name, i)
 
@@ -383,7 +406,8 @@ def _checklist_problems(turn_index: int, items: list[dict[str, Any]]) -> Iterato
         if item["id"] in first_index:
             yield TaskProblem(
                 f"{base}[{k}].id",
-                f"duplicate checklist item id {item['id']!r} in turn {turn_index} "
+                f"duplicate checklist item id {show_text(item['id'], quote=True)}"
+                f" in turn {turn_index} "
                 f"(also checklist[{first_index[item['id']]}])",
             )
         first_index.setdefault(item["id"], k)
@@ -394,6 +418,13 @@ def _checklist_problems(turn_index: int, items: list[dict[str, Any]]) -> Iterato
             yield TaskProblem(
                 f"{base}[0].weight", f"weights of turn {turn_index} sum to {total:.10g}, expected 1"
             )
+
+
+def _name_list(names: Collection[str], most: int = 10) -> str:
+    """Names for a message: each shown safely, at most `most` of them."""
+    ordered = sorted(names)
+    shown = ", ".join(show_text(name) for name in ordered[:most])
+    return shown + (f", … ({len(ordered)} in all)" if len(ordered) > most else "")
 
 
 def _expected_call_problems(
@@ -408,7 +439,8 @@ def _expected_call_problems(
         if name not in tools:
             yield TaskProblem(
                 f"{base}.name",
-                f"no tool named {name!r} in this task (tools: {', '.join(sorted(tools))})",
+                f"no tool named {show_text(name, quote=True)} in this task"
+                f" (tools: {_name_list(tools)})",
             )
             continue
         problem = _arguments_problem(
@@ -429,7 +461,8 @@ def _environment_problems(
         if known is not None and env["name"] not in known:
             names = ", ".join(sorted(known)) or "none registered"
             yield TaskProblem(
-                "environment.name", f"unknown environment {env['name']!r} (known: {names})"
+                "environment.name",
+                f"unknown environment {show_text(env['name'], quote=True)} (known: {names})",
             )
     if "success" in data and env is None:
         yield TaskProblem(
@@ -539,6 +572,28 @@ def _reject_constant(name: str) -> Any:
     raise _JsonValueError(f"{name} is not allowed; use a finite number")
 
 
+def _parse_int(text: str) -> int:
+    # Python refuses to convert integers this long (CVE-2020-10735) with a hint at
+    # sys.set_int_max_str_digits(), which is no help to someone fixing a task file.
+    digits = len(text.lstrip("-"))
+    most = sys.get_int_max_str_digits()
+    if most and digits > most:
+        raise _JsonValueError(
+            f"a number with {digits} digits is too long (over {most} digits);"
+            " it is not a valid task value"
+        )
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    # float() turns 1e999 into inf: the NaN/Infinity rule would be bypassed.
+    value = float(text)
+    if not math.isfinite(value):
+        shown = text if len(text) <= 40 else text[:39] + "…"
+        raise _JsonValueError(f"the number {shown} is too large; use a finite number")
+    return value
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -549,12 +604,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_json_strict(text: str) -> Any:
-    """`json.loads` that refuses NaN/Infinity and duplicate keys (Python accepts both silently).
+    """`json.loads` that refuses NaN/Infinity (also as an overflowing number like 1e999),
+    integers too long to convert, and duplicate keys (Python accepts duplicates silently).
 
     Raises ValueError with a one-line reason on any problem.
     """
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        return json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            object_pairs_hook=_unique_keys,
+        )
     except json.JSONDecodeError as exc:
         raise ValueError(f"{exc.msg} at column {exc.colno}") from exc
     except RecursionError as exc:
@@ -613,7 +675,7 @@ class _FileState:
         if task_id is not None:
             if task_id in self.first_line:
                 message = (
-                    f"duplicate task id {task_id!r} (first seen on line "
+                    f"duplicate task id {show_text(task_id, quote=True)} (first seen on line "
                     f"{self.first_line[task_id]}); ids must be unique in a file"
                 )
                 raise TaskFormatError(self.file, lineno, task_id, "id", message)
