@@ -9,37 +9,19 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from envace.cli import main
 from envace.errors import UserInputError
 from envace.tasks import TaskFormatError, load_tasks
 from envace.tasks.io import atomic_write_text
 from envace.tasks.loader import show_text
+from tests.helpers.task_cli import run, task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = FIXTURES / "reference_records.json"
 VALID = FIXTURES / "valid_tasks.jsonl"
 HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
-
-
-def task(task_id: str, **changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "id": task_id,
-        "tools": [{"type": "function", "function": {"name": "ping", "parameters": {}}}],
-        "turns": [{"user": "ping", "expected_calls": [{"name": "ping", "arguments": {}}]}],
-    }
-    data.update(changes)
-    return data
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -6,32 +6,15 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from envace.cli import main
 from envace.tasks import import_reference, load_tasks
+from tests.helpers.task_cli import run, task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VALID = FIXTURES / "valid_tasks.jsonl"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
-
-
-def task(task_id: str, **changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "id": task_id,
-        "tools": [{"type": "function", "function": {"name": "ping", "parameters": {}}}],
-        "turns": [{"user": "ping", "expected_calls": [{"name": "ping", "arguments": {}}]}],
-    }
-    data.update(changes)
-    return data
 
 
 def bad_file(tmp_path: Path) -> Path:
