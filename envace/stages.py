@@ -72,7 +72,7 @@ from envace.storage.errors import ArtifactIntegrityError, ArtifactNotFoundError
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_uri, parse_uri
 from envace.train.distributed import dist_info
-from envace.train.engine import TorchEngine, TrainingEngine
+from envace.train.engine import TorchEngine, TrainingEngine, load_trainer_state
 from envace.train.rl import RLTrainer, RoleLearner
 from envace.train.run import (
     RunPaths,
@@ -354,8 +354,7 @@ def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> 
         )
     state = None
     if with_state and (folder / TRAINER_STATE).is_file():
-        # Our own file (optimizer states and RNG states need full unpickling).
-        state = torch.load(folder / TRAINER_STATE, weights_only=False)
+        state = load_trainer_state(folder / TRAINER_STATE)
     meta = CheckpointMeta.read(folder, uri)
     return _Checkpoint(uri, model, tokenizer, simulator, state, meta, folder)
 

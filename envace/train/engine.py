@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from envace.errors import require_finite
+from envace.errors import UserInputError, require_finite
 from envace.train.batch import MicroBatch, token_logprobs
 
 __all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
@@ -30,6 +30,23 @@ def require_finite_weights(model: Any, where: str) -> None:
                 f"parameter {name} of {where}",
                 "Lower train.lr / warm_start.lr, or the clipping threshold train.grad_clip.",
             )
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    """A `trainer_state.pt` (iteration, optimizer and scheduler states, RNG states), loaded
+    with `weights_only=True`: tensors and plain values only, so a file planted in the store
+    cannot run code when a job resumes from it."""
+    import pickle
+
+    try:
+        state: dict[str, Any] = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UserInputError(
+            f"{path}: refused to load: it holds objects other than tensors and plain values"
+            f" ({str(exc).splitlines()[0][:200]}); EnvACE writes none, so this file was not"
+            " written by EnvACE's trainer. Resume from another checkpoint"
+        ) from None
+    return state
 
 
 class TrainingEngine(Protocol):

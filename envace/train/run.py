@@ -49,7 +49,12 @@ from envace.train.distributed import (
     init_process_group,
     shutdown,
 )
-from envace.train.engine import TorchEngine, TrainingEngine, require_finite_weights
+from envace.train.engine import (
+    TorchEngine,
+    TrainingEngine,
+    load_trainer_state,
+    require_finite_weights,
+)
 from envace.train.preflight import load_gold
 from envace.train.rl import RLTrainer, RoleLearner, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
@@ -437,7 +442,7 @@ def rl_stage(
     if resume_from is not None:
         import random as _random
 
-        state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(resume_from / "trainer_state.pt")
         from envace.train.deepspeed_engine import DeepSpeedEngine
 
         for name, _m, engine in engines:
