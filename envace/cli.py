@@ -3,7 +3,9 @@
 Each domain module that has commands exposes `register(subparsers)` in its own `cli.py`; this file
 only wires them together, so `envace --help` stays cheap (heavy imports happen inside handlers).
 Handlers return an exit code. A `UserInputError` becomes a one-line message and exit code 2,
-never a traceback; an `OSError` (a path that cannot be read or written) a one-line message with
+never a traceback; any other `EnvaceError` (a failure EnvACE detected and explained: a
+service that keeps failing, inputs of a stage that do not belong together) a one-line message
+and exit code 1; an `OSError` (a path that cannot be read or written) a one-line message with
 the path and exit code 1 (`-v` re-raises it with its traceback).
 """
 
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from envace import __version__
-from envace.errors import UserInputError
+from envace.errors import EnvaceError, UserInputError
 
 __all__ = ["build_parser", "main"]
 
@@ -65,6 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as exc:
         print(f"envace: error: {exc}", file=sys.stderr)
         return 2
+    except EnvaceError as exc:
+        # A failure EnvACE detected and explained (a stage's inputs do not match, a service
+        # keeps failing, a worker died): its message is the report; -v adds the traceback.
+        if args.verbose:
+            raise
+        print(f"envace: error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         # A file or folder the command could not read or write (permissions, a full disk, a
         # path that is a file): say which and why; -v keeps the traceback for a bug report.

@@ -27,3 +27,22 @@ def test_os_error_is_one_line_with_the_path(
     assert "Traceback" not in err
     with pytest.raises(PermissionError):  # -v: the traceback, for a bug report
         main(["-v", *args])
+
+
+def test_envace_error_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure EnvACE explains (not a user input): its message, exit 1, no traceback."""
+    import envace.tasks.generate
+    from envace.tasks.generate import GenerationError
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise GenerationError("could not build 2 distinct tasks for world 'bank'")
+
+    monkeypatch.setattr(envace.tasks.generate, "write_splits", fail)
+    args = ["tasks", "generate", "--out", str(tmp_path / "t"), "--n-train", "2", "--n-test", "1"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err == "envace: error: could not build 2 distinct tasks for world 'bank'\n"
+    with pytest.raises(GenerationError):
+        main(["-v", *args])
