@@ -40,6 +40,7 @@ __all__ = [
     "OpenAIChatClient",
     "backoff_delay",
     "json_schema_format",
+    "normalise_base_urls",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def _normalise_base_urls(base_url: str | Sequence[str]) -> list[str]:
+def normalise_base_urls(base_url: str | Sequence[str]) -> list[str]:
     urls = [base_url] if isinstance(base_url, str) else list(base_url)
     if not urls:
         raise ConfigError("base_url: empty list; give at least one URL like http://host:port/v1")
@@ -210,7 +211,7 @@ class OpenAIChatClient:
         _check_non_negative(
             max_retries=max_retries, backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s
         )
-        self.base_urls = _normalise_base_urls(base_url)
+        self.base_urls = normalise_base_urls(base_url)
         self.model = model
         self.timeout_s = timeout_s
         self.max_retries = max_retries

@@ -2,7 +2,8 @@
 
 A run writes into `--out` (and commits to `--store`) from its first second: the config copy, the
 task splits, a fresh metric history. So every input that can be checked cheaply is checked
-first (the store URI, the task files, a local `model.path`, the output folder), and a folder that
+first (the store URI, the task files, a local `model.path`, the output folder, vLLM and an
+external simulator endpoint when the rollouts need them), and a folder that
 already holds a run is never replaced by accident:
 
 - without flags, a folder (or store) holding a run is refused, naming what was found;
@@ -109,6 +110,54 @@ def check_inputs(cfg: Config, out: Path, store: str | None) -> None:
             " folder (config.json + weights + tokenizer) or a hub id such as Qwen/Qwen3-0.6B"
         )
     _check_task_files(cfg)
+    _check_services(cfg)
+
+
+# A service that does not answer a GET within this many seconds is refused before the run.
+SERVICE_CHECK_TIMEOUT_S = 10.0
+
+
+def _check_services(cfg: Config) -> None:
+    """What the rollouts will need, present now rather than after the warm start: vLLM (in
+    this interpreter or the configured worker's) and an external simulator endpoint."""
+    import importlib.util
+    import os
+
+    r = cfg.rollout
+    if r.backend == "vllm":
+        python = (r.vllm or {}).get("python")
+        if python is not None:
+            if not (Path(python).is_file() and os.access(python, os.X_OK)):
+                raise ConfigError(
+                    f"rollout.vllm.python: {python}: no such interpreter; point it at the python"
+                    " of an environment with vLLM (docs/scale.md: scripts/setup_vllm_cpu.sh)"
+                )
+        elif importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout.backend: vllm, but vllm is not installed in this Python; install it,"
+                " or set rollout.vllm.python to the interpreter of an environment that has it"
+                " (docs/scale.md), or use rollout.backend: transformers"
+            )
+    if r.mode == "external" and r.external_endpoint:
+        _check_endpoint(r.external_endpoint, "rollout.external_endpoint")
+
+
+def _check_endpoint(base_url: str, key: str) -> None:
+    """GET BASE/models: any HTTP answer (even 404) shows a server is there."""
+    import httpx
+
+    from envace.policy.openai_http import normalise_base_urls
+
+    for url in normalise_base_urls(base_url):
+        try:
+            httpx.get(f"{url}/models", timeout=SERVICE_CHECK_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ConfigError(
+                f"{key}: no answer from {url} within {SERVICE_CHECK_TIMEOUT_S:g} s ({reason});"
+                " start the OpenAI-compatible server first, or fix the URL (e.g."
+                " http://host:8000/v1)"
+            ) from None
 
 
 def _check_task_files(cfg: Config) -> None:

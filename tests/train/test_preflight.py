@@ -3,7 +3,11 @@ it was; `--resume` refuses settings its checkpoint was not trained with."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -118,3 +122,51 @@ def test_resume_refuses_other_model_or_sharing(tmp_path: Path) -> None:
         check_resume_config(load_config(None, [*MICRO, "model.preset=tiny-4m"]), saved)
     with pytest.raises(ConfigError, match=r"algo\.sharing is 'noshare'"):
         check_resume_config(load_config(None, [*MICRO, "algo.sharing=noshare"]), saved)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _silent_server() -> Iterator[str]:
+    """Accepts connections and never answers (a hung service)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        sock.close()
+
+
+def _external(url: str) -> list[str]:
+    return [*MICRO, "rollout.mode=external", f"rollout.external_endpoint={url}"]
+
+
+def test_external_endpoint_must_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake server is a test double for a remote OpenAI-compatible endpoint."""
+    import envace.train.preflight as preflight
+    from tests.helpers.fake_openai import running_fake_openai
+
+    monkeypatch.setattr(preflight, "SERVICE_CHECK_TIMEOUT_S", 0.5)
+    with running_fake_openai() as server:  # any HTTP answer (here 501 to GET) will do
+        check_inputs(load_config(None, _external(server.base_url)), tmp_path / "o", None)
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(ConfigError, match=r"rollout\.external_endpoint: no answer from"):
+        check_inputs(load_config(None, _external(dead)), tmp_path / "o", None)
+    with _silent_server() as hung, pytest.raises(ConfigError, match=r"within 0\.5 s"):
+        check_inputs(load_config(None, _external(hung)), tmp_path / "o", None)
+
+
+def test_vllm_must_be_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm = [*MICRO, "rollout.backend=vllm"]
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.python: /no/python: no such"):
+        check_inputs(
+            load_config(None, [*vllm, "rollout.vllm={python: /no/python}"]), tmp_path, None
+        )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="vllm is not installed in this Python"):
+        check_inputs(load_config(None, vllm), tmp_path, None)
