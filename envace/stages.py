@@ -62,15 +62,20 @@ from envace.rollout.policies import Policy
 from envace.storage.artifacts import (
     commit_dir,
     fetch_dir,
+    open_store,
     uncommit,
     upload_files,
     verify,
     write_manifest,
 )
 from envace.storage.checkpoints import checkpoint_name
-from envace.storage.errors import ArtifactIntegrityError, ArtifactNotFoundError
+from envace.storage.errors import (
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    ObjectNotFoundError,
+)
 from envace.storage.manifest import MANIFEST_NAME
-from envace.storage.uri import join_uri, parse_uri
+from envace.storage.uri import join_key, join_uri, parse_uri
 from envace.train.distributed import dist_info
 from envace.train.engine import TorchEngine, TrainingEngine, load_trainer_state
 from envace.train.rl import RLTrainer, RoleLearner
@@ -141,8 +146,11 @@ def config_from_text(text: str) -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(
-            f"the pipeline parameter `config` is neither JSON nor YAML: {exc}"
+            f"the pipeline parameter `config` is neither JSON nor YAML: {problem}{where}"
         ) from exc
     if data is not None and not isinstance(data, dict):
         raise ConfigError("the pipeline parameter `config` must be a mapping of config sections")
@@ -300,6 +308,16 @@ def _committed(uri: str) -> bool:
     except (ArtifactNotFoundError, ArtifactIntegrityError):
         return False
     return True
+
+
+def _read_stored_json(uri: str, name: str) -> Any | None:
+    """The JSON file `name` of the artifact at `uri`, read alone (not the whole artifact);
+    None when it is missing or not JSON."""
+    store, prefix = open_store(uri)
+    try:
+        return json.loads(store.get_bytes(join_key(prefix, name)))
+    except (ObjectNotFoundError, ValueError):
+        return None
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -576,8 +594,12 @@ def train(
     """
     horizon = total_iterations if total_iterations is not None else cfg.train.iterations
     uris = (checkpoint_uri, trajectories_uri, out_uri)
-    if launch is not None and launch.nodes > 1:
+    _check_train_output(*uris)
+    earlier = _earlier_attempt(cfg, uris, horizon)  # refuses a foreign committed output
+    if launch is not None and launch.nodes > 1:  # a retry follows the job it created before
         return _train_with_trainjob(cfg, uris, horizon, launch, emit or log.info)
+    if earlier is not None:
+        return earlier
     if processes is None:
         multi_gpu = cfg.train.engine == "deepspeed" and torch.cuda.device_count() > 1
         inside_job = "WORLD_SIZE" in os.environ
@@ -585,6 +607,72 @@ def train(
     if processes > 1:
         return _train_with_local_ranks(cfg, uris, horizon, processes, emit or log.info)
     return _train_here(cfg, checkpoint_uri, trajectories_uri, out_uri, horizon)
+
+
+def _location(uri: str) -> tuple[str, ...]:
+    """Where `uri` points, as path parts that compare across spellings: a local path resolved
+    (`..`, symlinks), an object key with minio:// and s3:// alike (one endpoint serves both)."""
+    parsed = parse_uri(uri)
+    if parsed.is_local:
+        return ("file", *Path(os.path.realpath(parsed.path)).parts)
+    return ("object", parsed.bucket, *(parsed.key.split("/") if parsed.key else ()))
+
+
+def _check_train_output(checkpoint_uri: str, trajectories_uri: str, out_uri: str) -> None:
+    """Refuse an output that is, is inside or contains an input: committing it would un-commit
+    that input and mix the new checkpoint's files into it."""
+    out = _location(out_uri)
+    for what, flag, uri in (
+        ("input checkpoint", "--checkpoint", checkpoint_uri),
+        ("rows", "--trajectories", trajectories_uri),
+    ):
+        where = _location(uri)
+        shared = min(len(out), len(where))
+        if out[:shared] != where[:shared]:
+            continue
+        if len(out) == len(where):
+            relation = "is"
+        else:
+            relation = "is inside" if len(out) > len(where) else "contains"
+        raise UserInputError(
+            f"train: the output {out_uri} (--out) {relation} the {what} {uri} ({flag}); "
+            "committing there would overwrite the input: give the next checkpoint a location "
+            "of its own (the pipeline's is <store>/<run id>/checkpoints/rl/iter_NNNNNN)"
+        )
+
+
+def _step_inputs(
+    cfg: Config, checkpoint_uri: str, trajectories_uri: str, horizon: int
+) -> dict[str, Any]:
+    """What a train step's result is a function of; its checkpoint.json records them."""
+    return {
+        "checkpoint": checkpoint_uri,
+        "rows": trajectories_uri,
+        "config_digest": config_digest(cfg),
+        "total_iterations": horizon,
+    }
+
+
+def _earlier_attempt(cfg: Config, uris: tuple[str, str, str], horizon: int) -> Trained | None:
+    """The checkpoint already committed at the output by an earlier attempt of this same step
+    (KFP retries a failed task with the same output URI): returned as it is, never un-committed
+    (the next step may be reading it). None when nothing is committed there. Anything else
+    committed there is refused: a train step never replaces a committed artifact."""
+    checkpoint_uri, trajectories_uri, out_uri = uris
+    if not _committed(out_uri):
+        return None
+    meta = _read_stored_json(out_uri, CHECKPOINT_META)
+    expected = _step_inputs(cfg, checkpoint_uri, trajectories_uri, horizon)
+    if not isinstance(meta, dict) or {k: meta.get(k) for k in expected} != expected:
+        what = "a checkpoint trained from other inputs" if isinstance(meta, dict) else "an artifact"
+        raise UserInputError(
+            f"train: the output {out_uri} (--out) already holds {what} (checkpoint, rows, config "
+            "or total iterations differ); a train step never replaces a committed artifact: "
+            "give the next checkpoint a new location, or delete that one first"
+        )
+    metrics = _read_stored_json(out_uri, TRAIN_METRICS)
+    log.info("%s: committed by an earlier attempt of this step from the same inputs", out_uri)
+    return Trained(out_uri, metrics if isinstance(metrics, dict) else {})
 
 
 def _train_with_local_ranks(
@@ -705,7 +793,8 @@ def _train_here(
         for name, _model, engine in engines:
             engine.save_model(out / name, ckpt.tokenizer)  # collective with DeepSpeed
         if dist_info().is_main:
-            _write_train_outputs(out, engines, iteration, ckpt, trajectories_uri, metrics)
+            made_from = _step_inputs(cfg, checkpoint_uri, trajectories_uri, horizon)
+            _write_train_outputs(out, engines, iteration, ckpt, made_from, metrics)
         out.mkdir(parents=True, exist_ok=True)  # a rank may have nothing else to write
         return Trained(_commit_from_ranks(out, out_uri, collective_timeout(cfg)), metrics)
 
@@ -715,10 +804,11 @@ def _write_train_outputs(
     engines: Sequence[tuple[str, Any, TrainingEngine]],
     iteration: int,
     ckpt: _Checkpoint,
-    trajectories_uri: str,
+    made_from: Mapping[str, Any],
     metrics: Mapping[str, Any],
 ) -> None:
-    """trainer_state.pt, checkpoint.json and the train metrics beside the weights."""
+    """trainer_state.pt, checkpoint.json (with the step's inputs, `made_from`: a retry
+    recognises its own output by them) and the train metrics beside the weights."""
     state = {
         "iteration": iteration,
         "engines": {name: engine.state_dict() for name, _m, engine in engines},
@@ -726,7 +816,7 @@ def _write_train_outputs(
     }
     torch.save(state, out / TRAINER_STATE)
     meta = CheckpointMeta(iteration, ckpt.meta.rl_start)
-    _write_json(out / CHECKPOINT_META, {**dataclasses.asdict(meta), "rows": trajectories_uri})
+    _write_json(out / CHECKPOINT_META, {**dataclasses.asdict(meta), **made_from})
     _write_json(out / TRAIN_METRICS, metrics)
 
 

@@ -58,6 +58,14 @@ def test_compile_replaces_the_old_file_whole(
         ("--memory=lots", "--memory 'lots' is not a Kubernetes memory quantity"),
         ("--memory=1.5Gi", "pipeline steps take a whole number"),
         ("--shm-size=big", "--shm-size 'big' is not a Kubernetes memory quantity"),
+        ("--gpus=-1", "--gpus -1: must be 0 or more"),
+        ("--rounds=-2", "--rounds -2: must be 0 or more"),
+        ("--store=ftp://x", "--store 'ftp://x': unsupported URI scheme 'ftp'"),
+        ("--store=runs/here", "--store 'runs/here': a local folder"),
+        ("--store=minio://Bad_Bucket/runs", "--store 'minio://Bad_Bucket/runs': bad bucket name"),
+        ("--store-endpoint=notaurl", "--store-endpoint='notaurl': give host:port"),
+        ("--store-endpoint=ftp://m:9000", "--store-endpoint='ftp://m:9000': give host:port"),
+        ("--store-endpoint=http://m:99999", "--store-endpoint='http://m:99999': the port"),
     ],
 )
 def test_bad_quantities_are_user_errors(
@@ -66,3 +74,20 @@ def test_bad_quantities_are_user_errors(
     code, err = _compile(capsys, tmp_path / "p.yaml", flag)
     assert code == 2 and message in err
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["http://envace-minio:9000", "minio.example.com:443", "https://s3.amazonaws.com"]
+)
+def test_store_endpoints_the_steps_accept_compile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], endpoint: str
+) -> None:
+    code, _ = _compile(
+        capsys,
+        tmp_path / "p.yaml",
+        "--rounds=0",
+        "--store=s3://team/runs",
+        f"--store-endpoint={endpoint}",
+    )
+    assert code == 0
+    assert f"defaultValue: {endpoint}" in (tmp_path / "p.yaml").read_text()

@@ -59,3 +59,29 @@ def test_run_local_runs_every_step_against_the_s3_store(
     assert "policy/loss" in train_metrics["metadata"]
     assert "success_rate" in printed
     assert f"final checkpoint: {s3_store}/{run_id}/checkpoints/rl/iter_000001" in printed
+
+
+def test_run_local_fails_at_once_when_the_store_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before any step starts: one line naming the endpoint and the variable to fix,
+    not a failed `prepare` whose reason is buried in its log."""
+    import os
+    import socket
+
+    for name in list(os.environ):
+        if name.startswith(("ENVACE_S3_", "AWS_")):
+            monkeypatch.delenv(name)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("ENVACE_S3_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("ENVACE_S3_ACCESS_KEY", "pipeline-test-access")
+    monkeypatch.setenv("ENVACE_S3_SECRET_KEY", "pipeline-test-SECRET-0123456789")
+    root = tmp_path / "kfp"
+    argv = ["pipeline", "run-local", "--store", "minio://bkt/runs", "--rounds", "0"]
+    assert main([*argv, "--pipeline-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"on endpoint http://127.0.0.1:{port}" in err and "ENVACE_S3_ENDPOINT" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not list(root.glob("envace-*"))  # no step ran

@@ -184,7 +184,14 @@ def test_train_steps_through_the_store_equal_updates_in_one_process(
     state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
     assert state["iteration"] == 2 and state["engines"]["policy"]["steps"] == 2
     meta = json.loads((Path(checkpoint) / stages.CHECKPOINT_META).read_text())
-    assert meta == {"iteration": 2, "rl_start": p.checkpoint_uri, "rows": layout.rollout(1)}
+    assert meta == {
+        "iteration": 2,
+        "rl_start": p.checkpoint_uri,
+        "checkpoint": layout.checkpoint(0),
+        "rows": layout.rollout(1),
+        "config_digest": stages.config_digest(cfg),
+        "total_iterations": 2,
+    }
 
 
 def test_train_refuses_rows_another_policy_sampled(

@@ -3,13 +3,17 @@
 Test double: no Kubeflow Pipelines backend can run here, so a small HTTP server answers the
 v2beta1 REST calls the client makes (healthz, experiment lookup and creation, run creation) and
 records them; the tests check what the client sent: experiment, run name, the compiled pipeline
-spec and the typed run parameters.
+spec and the typed run parameters. Bad input (a host, a parameter, a package) must fail with one
+line, before any request where it can, and in bounded time: a plain TCP server that accepts and
+never answers stands in for a dead port-forward.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from envace import pipeline_cli
 from envace.cli import main
 from envace.pipeline_cli import packaged_pipeline
 
@@ -28,6 +33,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipelines" / "envace_pipeline.y
 class FakeKfp:
     url: str
     requests: list[tuple[str, str, Any]] = field(default_factory=list)
+    # Experiment calls: answered with this (status, body) instead; or held until `release`.
+    experiments: tuple[int, Any] | None = None
+    stall: bool = False
+    release: threading.Event = field(default_factory=threading.Event)
 
     def posted(self, prefix: str) -> list[Any]:
         return [
@@ -55,7 +64,12 @@ def _handler(fake: FakeKfp) -> type[BaseHTTPRequestHandler]:
             if self.path.startswith("/apis/v2beta1/healthz"):
                 self._send({"multi_user": False})
             elif self.path.startswith("/apis/v2beta1/experiments"):
-                self._send({})  # no experiment of that name yet
+                if fake.stall:
+                    fake.release.wait(30)
+                if fake.experiments is not None:
+                    self._send(fake.experiments[1], fake.experiments[0])
+                else:
+                    self._send({})  # no experiment of that name yet
             else:
                 self._send({"error": f"no route {self.path}"}, 404)
 
@@ -88,9 +102,50 @@ def fake_kfp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeKf
     thread.start()
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     yield fake
+    fake.release.set()
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
+
+
+@pytest.fixture
+def silent_host() -> Iterator[str]:
+    """http://127.0.0.1:PORT of a TCP server that accepts connections and never answers."""
+    stop = threading.Event()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.05)
+    held: list[socket.socket] = []
+
+    def hold() -> None:
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(timeout=5)
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _submit_err(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(["pipeline", "submit", *argv, "--package", str(PACKAGE)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
 
 
 def test_submit_starts_a_run_with_typed_parameters(
@@ -126,15 +181,114 @@ def test_submit_starts_a_run_with_typed_parameters(
         ("rounds=3", "no such parameter; it takes config, eval_rehearsal, image, store"),
         ("train_nodes=two", "--param train_nodes=two: expected an integer"),
         ("store", "expected KEY=VALUE"),
+        ("train_nodes=-3", "--param train_nodes=-3: must be 1 or more"),
+        ("train_nodes=0", "--param train_nodes=0: must be 1 or more"),
+        ("train_gpus_per_node=-1", "--param train_gpus_per_node=-1: must be 0 or more"),
+        ("store=ftp://x", "--param store=ftp://x: unsupported URI scheme 'ftp'"),
+        ("store=runs/here", "--param store=runs/here: a local folder"),
+        ("store_endpoint=notaurl", "--param store_endpoint='notaurl': give host:port"),
+        ("store_endpoint=http://m:99999", "--param store_endpoint='http://m:99999': the port"),
+        ("config={bad", "`config` is neither JSON nor YAML: expected ',' or '}', but got"),
+        ("config=a: [1\n b: 2", "`config` is neither JSON nor YAML: expected ',' or ']', bu"),
+        ("config={bad", "but got '<stream end>' (line 1, column 5)"),
+        ('config={"nokey": 1}', "--param config: <root>: unknown key 'nokey'"),
+        ("config=[1, 2]", "--param config: the pipeline parameter `config` must be a mapping"),
+        ("eval_rehearsal=foo:3", "--param eval_rehearsal=foo:3: expected parallel:N"),
+        ("eval_rehearsal=parallel:0", "--param eval_rehearsal=parallel:0: expected parallel:N"),
+        ("image=", "--param image=: must be a non-empty name"),
+        ("trainjob_runtime=a b", "--param trainjob_runtime=a b: must be a non-empty name"),
     ],
 )
 def test_bad_parameters_are_refused_before_any_request(
     fake_kfp: FakeKfp, capsys: pytest.CaptureFixture[str], param: str, message: str
 ) -> None:
-    argv = ["pipeline", "submit", "--host", fake_kfp.url, "--param", param]
-    assert main([*argv, "--package", str(PACKAGE)]) == 2
-    assert message in capsys.readouterr().err
+    assert message in _submit_err(capsys, "--host", fake_kfp.url, "--param", param)
     assert fake_kfp.requests == []
+
+
+@pytest.mark.parametrize("value", ["", "parallel:2", " sequential:1 "])
+def test_good_rehearsal_values_pass_as_the_step_reads_them(value: str) -> None:
+    inputs = {"eval_rehearsal": "STRING"}
+    assert pipeline_cli.parse_params([f"eval_rehearsal={value}"], inputs) == {
+        "eval_rehearsal": value
+    }
+
+
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ("notaurl", "--host 'notaurl': not an http(s) URL"),
+        ("ftp://kfp:8080", "--host 'ftp://kfp:8080': not an http(s) URL"),
+        ("http://", "--host 'http://': not an http(s) URL"),
+        ("http://kfp:99999", "--host 'http://kfp:99999': Port out of range"),
+        ("http://kfp:0", "--host 'http://kfp:0': not an http(s) URL"),
+    ],
+)
+def test_a_host_that_is_no_http_url_is_refused(
+    capsys: pytest.CaptureFixture[str], host: str, message: str
+) -> None:
+    assert message in _submit_err(capsys, "--host", host)
+
+
+def test_an_unreachable_host_fails_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    host = f"http://127.0.0.1:{_closed_port()}"
+    err = _submit_err(capsys, "--host", host)
+    assert f"cannot reach Kubeflow Pipelines at {host}: " in err
+    assert "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80" in err
+
+
+def test_a_host_that_never_answers_fails_in_bounded_time(
+    silent_host: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(pipeline_cli, "KFP_CHECK_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    err = _submit_err(capsys, "--host", silent_host + "/")
+    assert time.monotonic() - started < 10
+    assert f"cannot reach Kubeflow Pipelines at {silent_host}: it accepted" in err
+    assert "did not answer within 0.5 s" in err
+
+
+def test_a_run_creation_that_never_ends_is_given_up(
+    fake_kfp: FakeKfp, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_kfp.stall = True  # healthz answers, the experiment lookup never does
+    monkeypatch.setattr(pipeline_cli, "KFP_SUBMIT_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    err = _submit_err(capsys, "--host", fake_kfp.url)
+    assert time.monotonic() - started < 15
+    assert "did not finish starting the run within 1 s" in err
+    assert "look in its UI before submitting again" in err
+
+
+def test_an_api_refusal_is_one_line(fake_kfp: FakeKfp, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_kfp.experiments = (403, {"error": "denied", "message": "user alice may not list"})
+    err = _submit_err(capsys, "--host", fake_kfp.url)
+    assert f"Kubeflow Pipelines at {fake_kfp.url} refused the run: 403" in err
+    assert "user alice may not list" in err
+    assert not fake_kfp.posted("/apis/v2beta1/runs")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a: [unclosed\n", "a: 1\n", "", "- just\n- a list\n", "root: 3\npipelineInfo: {}\n"],
+)
+def test_a_package_that_is_not_a_compiled_pipeline_is_named(
+    fake_kfp: FakeKfp, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    package = tmp_path / "bad.yaml"
+    package.write_text(text)
+    argv = ["pipeline", "submit", "--host", fake_kfp.url, "--package", str(package)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{package}: not a compiled pipeline (envace pipeline compile writes one)" in err
+    assert "Traceback" not in err and fake_kfp.requests == []
 
 
 def test_a_missing_package_names_the_compile_command(
