@@ -46,3 +46,9 @@ def test_envace_error_is_one_line(
     assert err == "envace: error: could not build 2 distinct tasks for world 'bank'\n"
     with pytest.raises(GenerationError):
         main(["-v", *args])
+
+
+@pytest.mark.parametrize("name", ["../other", "/abs", "a b"])
+def test_train_run_name_is_one_plain_key(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--run-name", name]) == 2
+    assert "--run-name" in capsys.readouterr().err

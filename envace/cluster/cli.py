@@ -12,6 +12,7 @@ without the `cluster` extra.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from envace.cluster.trainjob import (
     TrainJobSpec,
     build_config_map,
     build_trainjob,
+    check_run_name,
     default_job_name,
     parse_key_value,
     parse_toleration,
@@ -34,6 +36,8 @@ from envace.errors import UserInputError
 __all__ = ["register"]
 
 _INTERRUPTED = 130
+# time.sleep refuses much more than this (about 292 years in nanoseconds); a day is plenty.
+_MAX_POLL_INTERVAL = 86400.0
 # Indirection so tests can interrupt the follow loop (Ctrl-C arrives while it sleeps).
 _sleep = time.sleep
 
@@ -111,7 +115,10 @@ def _add_submit(sub: Any) -> None:
     parser.add_argument(
         "--store", default=DEFAULT_STORE, help=f"store URI for runs (default: {DEFAULT_STORE})"
     )
-    parser.add_argument("--run-name", help="run name in the store (default: the job name)")
+    parser.add_argument(
+        "--run-name",
+        help="run folder under --store, one plain name such as exp1 (default: the job name)",
+    )
     parser.add_argument(
         "--resume", action="store_true", help="resume the run from its last checkpoint"
     )
@@ -140,7 +147,8 @@ def _add_submit(sub: Any) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the TrainJob and ConfigMap YAML; contact no cluster",
+        help="print the TrainJob and ConfigMap YAML; contact no cluster (namespace: -n, else the "
+        "kubeconfig context's, else default)",
     )
     _runtime_args(parser)
     _follow_args(parser)
@@ -222,6 +230,27 @@ def _spec_from_args(args: argparse.Namespace, namespace: str) -> TrainJobSpec:
     )
 
 
+def _check_follow_args(args: argparse.Namespace) -> None:
+    """Refuse a --poll-interval / --timeout that is not a positive, finite number of seconds.
+
+    Checked before anything is created: a negative interval made the follow loop crash after the
+    TrainJob existed (leaving it running), 0 polled the API server without a pause, and a timeout
+    of 0 or less deleted the job the moment it was created.
+    """
+    interval = args.poll_interval
+    if not (math.isfinite(interval) and 0 < interval <= _MAX_POLL_INTERVAL):
+        raise UserInputError(
+            f"--poll-interval must be a number of seconds above 0 and at most "
+            f"{_MAX_POLL_INTERVAL:g}, got {interval:g}; e.g. --poll-interval 10"
+        )
+    timeout = args.timeout
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UserInputError(
+            f"--timeout must be a number of seconds above 0, got {timeout:g}; "
+            "e.g. --timeout 3600, or leave it out to follow until the job finishes"
+        )
+
+
 def _require_kubernetes() -> None:
     try:
         import kubernetes  # noqa: F401
@@ -240,11 +269,31 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _follow_job(client: Any, name: str, args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
     from envace.cluster import submit
 
-    state = submit.follow(
-        client, name, interval=args.poll_interval, emit=print, timeout=args.timeout, sleep=_sleep
-    )
+    try:
+        state = submit.follow(
+            client,
+            name,
+            interval=args.poll_interval,
+            emit=print,
+            timeout=args.timeout,
+            sleep=_sleep,
+        )
+    except submit.FollowTimeoutError:
+        raise
+    except submit.ClusterError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ApiException) and cause.status == 404:
+            raise  # the job is gone: there is nothing left running to point at
+        # Following failed, not the job: it keeps running on the cluster.
+        raise submit.ClusterError(
+            f"{exc}. The TrainJob may still be running: check it with `envace cluster status "
+            f"{name} -n {client.namespace}` (add --follow to keep following) or stop it with "
+            f"`envace cluster cancel {name} -n {client.namespace}`"
+        ) from exc
     if not state.succeeded:
         print(
             f"envace: TrainJob {client.namespace}/{name} failed: {state.message or state.phase}",
@@ -253,19 +302,51 @@ def _follow_job(client: Any, name: str, args: argparse.Namespace) -> int:
     return 0 if state.succeeded else 1
 
 
-def _submit(args: argparse.Namespace) -> int:
-    from envace.cluster.submit import ClusterError, FollowTimeoutError
+def _dry_run_namespace(args: argparse.Namespace) -> tuple[str, str]:
+    """The namespace a real submit would use (-n, else the kubeconfig context's), and its source.
 
+    A dry run contacts no cluster but reads the kubeconfig when it can, so the printed manifest
+    names the namespace `submit` would create it in; without one it assumes `default` and says so.
+    """
+    if args.namespace:
+        return args.namespace, "-n"
+    try:
+        from envace.cluster.submit import ClusterError, context_namespace
+    except ModuleNotFoundError:
+        return "default", "no kubeconfig context: the Kubernetes client is not installed"
+    try:
+        return context_namespace(args.kubeconfig, args.context)
+    except ClusterError:
+        return "default", "no kubeconfig context could be loaded"
+
+
+def _dry_run(args: argparse.Namespace, config_text: str) -> int:
+    namespace, source = _dry_run_namespace(args)
+    spec = _spec_from_args(args, namespace)
+    if not args.namespace:
+        print(
+            f"envace: dry run for namespace {namespace} ({source}); -n NAMESPACE picks another",
+            file=sys.stderr,
+        )
+    print(
+        yaml.safe_dump_all(
+            [build_trainjob(spec), build_config_map(spec, config_text)], sort_keys=False
+        ),
+        end="",
+    )
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    _check_follow_args(args)
+    if args.run_name is not None:
+        check_run_name(args.run_name, "--run-name")
     config_text = _read_config(args.config)
     if args.dry_run:
-        spec = _spec_from_args(args, args.namespace or "default")
-        print(
-            yaml.safe_dump_all(
-                [build_trainjob(spec), build_config_map(spec, config_text)], sort_keys=False
-            ),
-            end="",
-        )
-        return 0
+        return _dry_run(args, config_text)
+    _require_kubernetes()
+    from envace.cluster.submit import ClusterError, FollowTimeoutError
+
     try:
         client = _client(args)
         spec = _spec_from_args(args, client.namespace)
@@ -298,6 +379,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    _check_follow_args(args)
     _require_kubernetes()
     from envace.cluster.submit import ClusterError, TrainJobState
 

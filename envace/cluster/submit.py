@@ -9,6 +9,8 @@ runtime names the chart, a 403 names the RBAC the chart grants.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import json
 import logging
 import os
 import time
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -40,6 +43,7 @@ __all__ = [
     "TrainJobState",
     "api_errors",
     "connect",
+    "context_namespace",
     "follow",
 ]
 
@@ -66,6 +70,44 @@ class TrainJobReader(Protocol):
     def get(self, name: str) -> dict[str, Any]: ...
 
 
+# True while one of our API calls runs: urllib3's "Retrying ..." warnings are then ours to report.
+_OWN_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "envace_cluster_call", default=False
+)
+
+
+class _QuietRetries(logging.Filter):
+    """Turn urllib3's "Retrying (...)" warnings during our API calls into debug records.
+
+    A retry that succeeds needs no warning, and one that fails ends in a ClusterError that says
+    what failed and how to fix it; the warning before it was noise. Other urllib3 users (the
+    store's S3 client) keep their warnings.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _OWN_CALL.get() and str(record.msg).startswith("Retrying"):
+            logger.debug("urllib3: %s", record.getMessage())
+            return False
+        return True
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_QuietRetries())
+
+
+def _status_message(exc: ApiException) -> str:
+    """The `message` of the API server's Status body, else the body or reason, on one line."""
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+    try:
+        status = json.loads(body or "")
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and isinstance(status.get("message"), str) and status["message"]:
+        text = status["message"]
+    else:
+        text = body or exc.reason or ""
+    return " ".join(str(text).split())[:300]
+
+
 def _api_error(exc: ApiException, what: str) -> ClusterError:
     """Translate an API failure into a message the user can act on."""
     if exc.status == 401:
@@ -77,13 +119,13 @@ def _api_error(exc: ApiException, what: str) -> ClusterError:
         )
     if exc.status == 409:
         return ClusterError(f"{what}: it already exists; pick another --name")
-    detail = (exc.body or exc.reason or "").strip()[:300]
-    return ClusterError(f"{what}: HTTP {exc.status}: {detail}")
+    return ClusterError(f"{what}: HTTP {exc.status}: {_status_message(exc)}")
 
 
 @contextlib.contextmanager
 def api_errors(what: str, host: str) -> Iterator[None]:
     """Turn API and connection failures inside the block into ClusterErrors about `what`."""
+    token = _OWN_CALL.set(True)
     try:
         yield
     except ApiException as exc:
@@ -93,6 +135,8 @@ def api_errors(what: str, host: str) -> Iterator[None]:
             f"{what}: cannot reach the Kubernetes API server at {host} ({exc.__class__.__name__}); "
             "check --kubeconfig / --context and that the cluster is up"
         ) from exc
+    finally:
+        _OWN_CALL.reset(token)
 
 
 def _in_cluster() -> bool:
@@ -100,27 +144,92 @@ def _in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.path.exists(default)
 
 
+def _kubeconfig_problem(exc: Exception) -> str:
+    """One line on why a kubeconfig did not load (a YAML error's own text spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        where = f" at line {exc.problem_mark.line + 1}" if exc.problem_mark else ""
+        return f"not valid YAML ({exc.problem}{where})"
+    if isinstance(exc, yaml.YAMLError):
+        return "not valid YAML"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, (TypeError, AttributeError, KeyError, ValueError)):
+        return "not a kubeconfig (a mapping with clusters, users, contexts and current-context)"
+    return " ".join(str(exc).split())
+
+
+@contextlib.contextmanager
+def _loading_kubeconfig(kubeconfig: str | None) -> Iterator[None]:
+    """Turn every way a kubeconfig can fail to load into one ClusterError naming the file.
+
+    The client parses the file itself: broken YAML surfaces as a yaml error, and a file that is
+    YAML but not a kubeconfig (a list, a number, a context that is not a mapping) as a
+    TypeError / AttributeError / KeyError from inside the client.
+    """
+    try:
+        yield
+    except (
+        k8s_config.ConfigException,
+        OSError,
+        yaml.YAMLError,
+        TypeError,
+        AttributeError,
+        KeyError,
+        ValueError,
+    ) as exc:
+        source = kubeconfig or os.environ.get("KUBECONFIG", "~/.kube/config")
+        raise ClusterError(
+            f"cannot load the kubeconfig ({source}): {_kubeconfig_problem(exc)}. "
+            "Pass --kubeconfig FILE / --context NAME, or set KUBECONFIG"
+        ) from exc
+
+
+def _pod_namespace() -> str:
+    with open(_SA_NAMESPACE) as handle:
+        return handle.read().strip()
+
+
+def _kubeconfig_namespace(kubeconfig: str | None, context: str | None) -> tuple[str, str]:
+    with _loading_kubeconfig(kubeconfig):
+        contexts, active = k8s_config.list_kube_config_contexts(kubeconfig)
+        chosen = next((c for c in contexts if c["name"] == context), None) if context else active
+        if chosen is None:
+            raise k8s_config.ConfigException(f"no context named {context!r}")
+        name = str(chosen["name"])
+        namespace = (chosen.get("context") or {}).get("namespace")
+    if namespace:
+        return str(namespace), f"the namespace of kubeconfig context {name!r}"
+    return "default", f"kubeconfig context {name!r} sets no namespace"
+
+
+def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> tuple[str, str]:
+    """The namespace `connect` would use and where it comes from, without contacting a cluster.
+
+    For dry runs, which must say which namespace they assumed. Raises ClusterError when no
+    kubeconfig (or no such context) can be loaded.
+    """
+    if kubeconfig is None and context is None and _in_cluster():
+        try:
+            return _pod_namespace(), "this pod's namespace"
+        except OSError as exc:
+            raise ClusterError(f"cannot read this pod's namespace ({_SA_NAMESPACE})") from exc
+    return _kubeconfig_namespace(kubeconfig, context)
+
+
 def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[Any, str]:
     """An ApiClient and the namespace of the active context (in-cluster: the pod's namespace)."""
     configuration = k8s.Configuration()
     if kubeconfig is None and context is None and _in_cluster():
         k8s_config.load_incluster_config(client_configuration=configuration)
-        with open(_SA_NAMESPACE) as handle:
-            namespace = handle.read().strip()
-        return k8s.ApiClient(configuration), namespace
-    try:
-        k8s_config.load_kube_config(
-            config_file=kubeconfig, context=context, client_configuration=configuration
-        )
-        contexts, active = k8s_config.list_kube_config_contexts(kubeconfig)
-    except (k8s_config.ConfigException, OSError) as exc:
-        source = kubeconfig or os.environ.get("KUBECONFIG", "~/.kube/config")
-        raise ClusterError(
-            f"cannot load the kubeconfig ({source}): {exc}. "
-            "Pass --kubeconfig FILE / --context NAME, or set KUBECONFIG"
-        ) from exc
-    chosen = next((c for c in contexts if c["name"] == context), active) if context else active
-    namespace = chosen.get("context", {}).get("namespace") or "default"
+        namespace = _pod_namespace()
+    else:
+        with _loading_kubeconfig(kubeconfig):
+            k8s_config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+        namespace, _ = _kubeconfig_namespace(kubeconfig, context)
+    # One retry of a failed connection (e.g. a pooled keep-alive connection the server closed);
+    # _QuietRetries keeps urllib3's warning about it off the terminal.
     configuration.retries = 1
     return k8s.ApiClient(configuration), namespace
 

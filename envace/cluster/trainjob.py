@@ -14,6 +14,7 @@ what the API server receives and what the tests validate against the CRD schema.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +40,7 @@ __all__ = [
     "build_trainjob",
     "check_cpu_quantity",
     "check_memory_quantity",
+    "check_run_name",
     "config_map_name",
     "default_job_name",
     "parse_key_value",
@@ -71,6 +73,8 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 # or binary (Ki, Mi, Gi, ...) suffix; not m, which means milli-bytes there (a typo for Mi).
 _CPU_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
 _MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+# A run name is one folder of the store (and of the local `runs/` work dir): a file name's limit.
+_MAX_RUN_NAME_BYTES = 255
 _LABELS = {"app.kubernetes.io/part-of": "envace", "app.kubernetes.io/component": "train"}
 
 
@@ -131,6 +135,8 @@ class TrainJobSpec:
             check_cpu_quantity(self.cpu, "--cpu")
         if self.memory is not None:
             check_memory_quantity(self.memory, "--memory")
+        if self.run_name is not None:
+            check_run_name(self.run_name, "--run-name")
         if self.runtime_kind not in ("TrainingRuntime", "ClusterTrainingRuntime"):
             raise UserInputError(
                 f"runtime kind must be TrainingRuntime or ClusterTrainingRuntime, "
@@ -174,6 +180,41 @@ def check_memory_quantity(value: str, flag: str) -> str:
         raise UserInputError(
             f"{flag} {value!r} is not a Kubernetes memory quantity{hint}: give a number of"
             f" bytes with an optional suffix k, M, G, T, Ki, Mi, Gi, Ti, ..., e.g. {flag} 128Gi"
+        )
+    return value
+
+
+def _run_name_problem(value: str) -> str | None:
+    """What makes `value` unusable as a run name, or None."""
+    if value == "":
+        return "is empty"
+    if value in (".", ".."):
+        return "is a relative folder reference"
+    if "/" in value or "\\" in value:
+        return "has a path separator"
+    if any(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
+        return "has whitespace or a control character"
+    if value.startswith("-"):
+        return "starts with '-' (`envace train` would read it as an option)"
+    if len(value.encode("utf-8")) > _MAX_RUN_NAME_BYTES:
+        return f"is longer than {_MAX_RUN_NAME_BYTES} bytes"
+    return None
+
+
+def check_run_name(value: str, flag: str) -> str:
+    """`value` if it is one plain store key segment (a run folder), else UserInputError naming `flag`.
+
+    The name is appended to --store as one key segment and names the local work dir
+    (`runs/<name>`). Checked before a TrainJob exists: otherwise the pods fail only once scheduled
+    (`..` is refused by the store, `/abs` becomes a work dir on the read-only root), and names
+    with whitespace or invisible characters break every command that is copied from the logs.
+    """
+    problem = _run_name_problem(value)
+    if problem is not None:
+        shown = ascii(value) if len(value) <= 80 else ascii(value[:80]) + "..."
+        raise UserInputError(
+            f"{flag} {shown} {problem}: a run name is one plain folder name in the store, without"
+            f" '/', whitespace or control characters and not '.' or '..', e.g. {flag} exp1"
         )
     return value
 

@@ -78,10 +78,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from envace.cluster.trainjob import check_run_name
     from envace.config import load_config
     from envace.storage.uri import join_uri
     from envace.train.run import leave_job, run_main
 
+    check_run_name(args.run_name, "--run-name")  # one plain store key: it names a folder too
     cfg = load_config(args.config, args.overrides)
     work = args.work_dir or Path("runs") / args.run_name
     store = join_uri(args.store, args.run_name) if args.store else None

@@ -335,6 +335,81 @@ def test_bad_values_fail_with_the_key(helm: str, sets: tuple[str, ...], message:
     assert message in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("sets", "key", "example"),
+    [
+        (("runtime.resources.limits.memory=-8Gi",), "runtime.resources.limits.memory", "8Gi"),
+        (("runtime.resources.requests.cpu=-500m",), "runtime.resources.requests.cpu", "500m"),
+        (("runtime.resources.limits.memory=128GB",), "runtime.resources.limits.memory", "8Gi"),
+        (("minio.persistence.size=-5Gi",), "minio.persistence.size", "100Gi"),
+        (("minio.resources.limits.memory=lots",), "minio.resources.limits.memory", "8Gi"),
+        (("bucketInit.resources.requests.cpu=1.2.3",), "bucketInit.resources.requests.cpu", "500m"),
+        (("runtime.shmSize=huge",), "runtime.shmSize", "16Gi"),
+        (("runtime.scratchSize=1 Gi",), "runtime.scratchSize", "200Gi"),
+        (
+            ("inference.enabled=true", "inference.cacheSize=-1Gi"),
+            "inference.cacheSize",
+            "100Gi",
+        ),
+        (
+            ("inference.enabled=true", "inference.resources.limits.cpu=x"),
+            "inference.resources.limits.cpu",
+            "500m",
+        ),
+    ],
+)
+def test_bad_quantities_name_the_key_and_an_example(
+    helm: str, sets: tuple[str, ...], key: str, example: str
+) -> None:
+    """No sign, and a message with the key and an example instead of the schema's bare regex."""
+    result = run_tool(template_argv(helm, sets=sets), check=False)
+    assert result.returncode != 0
+    value = sets[-1].split("=", 1)[1]
+    assert f'{key}="{value}" is not a Kubernetes quantity' in result.stderr
+    assert f"e.g. --set {key}={example}" in result.stderr
+    assert "pattern" not in result.stderr
+
+
+@pytest.mark.parametrize("item", ["runtime.resources.limits.cpu=-1", "minio.persistence.size=-5"])
+def test_negative_numbers_are_refused(helm: str, item: str) -> None:
+    """--set parses these as numbers, which the schema's minimum refuses (naming the key)."""
+    result = run_tool(template_argv(helm, sets=(item,)), check=False)
+    assert result.returncode != 0
+    assert f"{item.split('=')[0]}: Must be greater than or equal to 0" in result.stderr
+
+
+def test_good_quantities_render_unchanged(helm: str) -> None:
+    sets = (
+        "runtime.shmSize=0.5Gi",
+        "runtime.scratchSize=1e3",
+        "runtime.resources.limits.cpu=2",
+        "runtime.resources.requests.cpu=250m",
+        "minio.persistence.size=1Ti",
+    )
+    objects = render(helm, sets=sets)
+    runtime = pod_specs(objects)["TrainingRuntime/envace/node"]
+    volumes = {
+        v["name"]: v["emptyDir"].get("sizeLimit") for v in runtime["volumes"] if "emptyDir" in v
+    }
+    assert volumes["dshm"] == "0.5Gi" and volumes["home"] == "1e3"
+    resources = runtime["containers"][0]["resources"]
+    assert resources["limits"]["cpu"] == 2 and resources["requests"]["cpu"] == "250m"
+    (claim,) = find(objects, "StatefulSet")["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"
+
+
+def test_tls_to_the_bundled_minio_is_refused(helm: str) -> None:
+    """The bundled MinIO serves plain HTTP: ENVACE_S3_SECURE=true would make every client fail."""
+    result = run_tool(template_argv(helm, sets=("store.secure=true",)), check=False)
+    assert result.returncode != 0
+    assert (
+        "store.secure=true does not work with the bundled MinIO (minio.enabled=true)"
+        in result.stderr
+    )
+    assert "set store.secure=false, or set minio.enabled=false" in result.stderr
+    render(helm, ("external-store-values.yaml",))  # TLS to an external store stays allowed
+
+
 def test_config_map_holds_the_default_config(
     helm: str, default_objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:

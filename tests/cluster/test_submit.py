@@ -10,13 +10,14 @@ every request so the tests can assert the created objects, the delete on cancel 
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from cluster_testlib import FakeApiServer, ManifestValidator, condition
+from cluster_testlib import FakeApiServer, ManifestValidator, condition, write_kubeconfig
 
 import envace.cluster.cli as cluster_cli
 from envace.cluster.submit import FollowTimeoutError, TrainJobState, follow
@@ -80,7 +81,7 @@ def _submit_argv(fake: FakeApiServer, config: Path, *extra: str) -> list[str]:
         "--kubeconfig",
         str(fake.kubeconfig),
         "--poll-interval",
-        "0",
+        "0.001",
         *extra,
     ]
 
@@ -169,9 +170,9 @@ def test_timeout_cancels_the_job(
     fake_api: FakeApiServer, config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_api.cluster.statuses = [RUNNING]
-    assert _run(_submit_argv(fake_api, config_file, "--timeout", "0")) == 1
+    assert _run(_submit_argv(fake_api, config_file, "--timeout", "0.001")) == 1
     assert fake_api.cluster.calls("DELETE", r"/trainjobs/run-1$")
-    assert "did not finish within 0 s" in capsys.readouterr().err
+    assert "did not finish within 0.001 s" in capsys.readouterr().err
 
 
 def test_cancel_command(
@@ -194,7 +195,13 @@ def test_cancel_command(
         )
         == 1
     )
-    assert 'trainjobs.trainer.kubeflow.org \\"run-1\\" not found' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # The Status object's message, not its raw JSON.
+    assert (
+        'deleting TrainJob other/run-1: HTTP 404: trainjobs.trainer.kubeflow.org "run-1" not found'
+        in err
+    )
+    assert '"kind"' not in err and "may still be running" not in err
 
 
 def test_status_command(
@@ -214,7 +221,7 @@ def test_status_command(
         "run-1",
         "--follow",
         "--poll-interval",
-        "0",
+        "0.001",
         "--kubeconfig",
         str(fake_api.kubeconfig),
     ]
@@ -331,6 +338,169 @@ def test_bad_kubeconfig(
     assert "cannot load the kubeconfig" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--poll-interval", "-1", "--poll-interval must be a number of seconds above 0"),
+        ("--poll-interval", "0", "--poll-interval must be a number of seconds above 0"),
+        ("--poll-interval", "nan", "--poll-interval must be a number of seconds above 0"),
+        ("--poll-interval", "1e12", "at most 86400"),
+        ("--timeout", "-1", "--timeout must be a number of seconds above 0"),
+        ("--timeout", "0", "--timeout must be a number of seconds above 0"),
+        ("--timeout", "inf", "--timeout must be a number of seconds above 0"),
+    ],
+)
+def test_bad_follow_seconds_are_refused_before_anything_is_created(
+    fake_api: FakeApiServer, config_file: Path, flag: str, value: str, message: str
+) -> None:
+    """A negative interval used to crash the follow loop after the TrainJob was created (leaving it
+    running), 0 polled without a pause and a timeout <= 0 deleted the job at once."""
+    fake_api.cluster.statuses = [RUNNING]
+    with pytest.raises(cluster_cli.UserInputError, match=message):
+        _run(_submit_argv(fake_api, config_file, flag, value))
+    status = ["cluster", "status", "run-1", "--follow", flag, value]
+    with pytest.raises(cluster_cli.UserInputError, match=message):
+        _run([*status, "--kubeconfig", str(fake_api.kubeconfig)])
+    assert fake_api.cluster.requests == []  # not even a preflight read
+
+
+def test_bad_follow_seconds_exit_2_through_the_envace_command(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from envace.cli import main
+
+    argv = ["cluster", "submit", "--config", str(config_file), "--poll-interval", "-1"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "envace: error: --poll-interval must be a number of seconds above 0 and at most 86400,"
+        " got -1; e.g. --poll-interval 10\n"
+    )
+
+
+@pytest.mark.parametrize("run_name", ["../other", "/abs", "a b", ".", "-x"])
+def test_bad_run_name_is_refused_before_anything_is_created(
+    fake_api: FakeApiServer, config_file: Path, run_name: str
+) -> None:
+    with pytest.raises(cluster_cli.UserInputError, match=r"^--run-name .*e\.g\. --run-name exp1$"):
+        _run(_submit_argv(fake_api, config_file, f"--run-name={run_name}", "--detach"))
+    assert fake_api.cluster.requests == []
+    with pytest.raises(cluster_cli.UserInputError, match="--run-name"):
+        _run(
+            [
+                "cluster",
+                "submit",
+                "--config",
+                str(config_file),
+                f"--run-name={run_name}",
+                "--dry-run",
+            ]
+        )
+
+
+def test_follow_failure_says_the_job_may_still_run(
+    fake_api: FakeApiServer, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An API failure while following is not the job's failure: it is left running, and said so."""
+    fake_api.cluster.fail = {"GET /trainjobs/run-1$": 500}
+    assert _run(_submit_argv(fake_api, config_file)) == 1
+    err = capsys.readouterr().err
+    assert "reading TrainJob team-a/run-1: HTTP 500: injected 500" in err
+    assert (
+        "The TrainJob may still be running: check it with `envace cluster status run-1 -n team-a`"
+        in err
+    )
+    assert "run-1" in fake_api.cluster.trainjobs  # not cancelled: following failed, not the job
+    assert not fake_api.cluster.calls("DELETE", "trainjobs")
+    argv = ["cluster", "status", "run-1", "--follow", "--kubeconfig", str(fake_api.kubeconfig)]
+    assert _run(argv) == 1
+    assert "may still be running" in capsys.readouterr().err
+    fake_api.cluster.fail = {}
+    del fake_api.cluster.trainjobs["run-1"]
+    assert _run(argv) == 1  # a 404: the job is gone, nothing is still running
+    err = capsys.readouterr().err
+    assert 'HTTP 404: trainjobs.trainer.kubeflow.org "run-1" not found' in err
+    assert "may still be running" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (
+            "a: [unclosed\n",
+            "not valid YAML (expected ',' or ']', but got '<stream end>' at line 2)",
+        ),
+        ("- a list\n", "not a kubeconfig"),
+        ("42\n", "not a kubeconfig"),
+        ("current-context: x\ncontexts: [{name: x, context: 7}]\n", "not a kubeconfig"),
+        (b"\xff\xfe", "not UTF-8 text"),
+        ("", "is empty"),
+    ],
+)
+def test_malformed_kubeconfig_is_one_line_naming_the_file(
+    tmp_path: Path,
+    config_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str | bytes,
+    problem: str,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if isinstance(content, bytes):
+        kubeconfig.write_bytes(content)
+    else:
+        kubeconfig.write_text(content)
+    for argv in (
+        ["cluster", "submit", "--config", str(config_file)],
+        ["cluster", "status", "run-1"],
+        ["cluster", "check"],
+    ):
+        assert _run([*argv, "--kubeconfig", str(kubeconfig)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"envace: error: cannot load the kubeconfig ({kubeconfig}): ")
+        assert problem in err and err.count("\n") == 1
+
+
+def test_dry_run_names_the_kubeconfig_namespace_it_assumed(
+    fake_api: FakeApiServer, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real submit uses the context's namespace (team-a); the dry run now prints the same."""
+    argv = ["cluster", "submit", "--config", str(config_file), "--name", "dry", "--dry-run"]
+    assert _run([*argv, "--kubeconfig", str(fake_api.kubeconfig)]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load_all(out).__next__()["metadata"]["namespace"] == "team-a"
+    assert err == (
+        "envace: dry run for namespace team-a (the namespace of kubeconfig context 'fake');"
+        " -n NAMESPACE picks another\n"
+    )
+    assert _run([*argv, "--kubeconfig", str(fake_api.kubeconfig), "--context", "nope"]) == 0
+    assert "namespace default (no kubeconfig context could be loaded)" in capsys.readouterr().err
+    assert _run([*argv, "--kubeconfig", str(fake_api.kubeconfig), "-n", "other"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and yaml.safe_load_all(out).__next__()["metadata"]["namespace"] == "other"
+    assert fake_api.cluster.requests == []  # a dry run contacts no cluster
+
+
+def test_no_urllib3_retry_warning_before_a_cluster_error(
+    tmp_path: Path, config_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry of a refused connection used to print urllib3's "WARNING Retrying (...)" line
+    before our own error; other urllib3 users (the store's S3 client) keep theirs."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    with caplog.at_level(logging.DEBUG):
+        argv = ["cluster", "status", "run-1", "--kubeconfig", str(kubeconfig)]
+        assert _run(argv) == 1
+        retries = [r for r in caplog.records if "Retrying" in r.getMessage()]
+        assert retries, "the refused connection was not retried: the test proves nothing"
+        assert all(
+            r.levelno == logging.DEBUG and r.name == "envace.cluster.submit" for r in retries
+        )
+        caplog.clear()
+        logging.getLogger("urllib3.connectionpool").warning("Retrying (%s)", "store")
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
 def test_check_lists_prerequisites(
     fake_api: FakeApiServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -373,7 +543,12 @@ def test_dry_run_prints_valid_objects_without_a_cluster(
         "--dry-run",
     ]
     assert _run(argv) == 0
-    trainjob, config_map = yaml.safe_load_all(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    assert err == (
+        "envace: dry run for namespace default (no kubeconfig context could be loaded);"
+        " -n NAMESPACE picks another\n"
+    )
+    trainjob, config_map = yaml.safe_load_all(out)
     assert trainjob["metadata"] == {
         "name": "dry",
         "namespace": "default",

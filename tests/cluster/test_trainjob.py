@@ -16,6 +16,7 @@ from envace.cluster.trainjob import (
     TrainJobSpec,
     build_config_map,
     build_trainjob,
+    check_run_name,
     default_job_name,
     parse_key_value,
     parse_toleration,
@@ -182,11 +183,45 @@ def test_parse_key_value() -> None:
         ({"procs_per_node": 0}, "--procs-per-node"),
         ({"store": "/local/path"}, "--store must be a minio://"),
         ({"runtime_kind": "MPIRuntime"}, "runtime kind"),
+        ({"run_name": "../other"}, "--run-name '../other' has a path separator"),
     ],
 )
 def test_bad_specs_are_refused_with_the_flag(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UserInputError, match=message):
         TrainJobSpec(**{"name": "ok", "namespace": "ns", **kwargs})
+
+
+@pytest.mark.parametrize("value", ["exp1", "exp-7", "lr_2e-6", "run.v2", "é-run", "a" * 255])
+def test_run_names_accepted(value: str) -> None:
+    assert check_run_name(value, "--run-name") == value
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("../other", "has a path separator"),
+        ("/abs", "has a path separator"),
+        ("a/b", "has a path separator"),
+        ("a\\b", "has a path separator"),
+        (".", "is a relative folder reference"),
+        ("..", "is a relative folder reference"),
+        ("", "is empty"),
+        ("a b", "has whitespace or a control character"),
+        (" exp1", "has whitespace or a control character"),
+        ("exp1\n", "has whitespace or a control character"),
+        ("a\x00b", "has whitespace or a control character"),
+        ("zero\u200bwidth", "has whitespace or a control character"),
+        ("-exp", "starts with '-'"),
+        ("a" * 256, "is longer than 255 bytes"),
+    ],
+)
+def test_run_names_refused_with_the_flag_and_an_example(value: str, problem: str) -> None:
+    """One plain store key segment only: the pod would fail on these after being scheduled."""
+    with pytest.raises(UserInputError) as caught:
+        check_run_name(value, "--run-name")
+    message = str(caught.value)
+    assert message.startswith("--run-name ") and problem in message
+    assert message.endswith("e.g. --run-name exp1") and "\n" not in message
 
 
 def test_default_job_name() -> None:

@@ -76,6 +76,33 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
+{{/*
+A Kubernetes quantity, or `fail` naming the values key and an example. values.schema.json checks
+only the type (and no negative number): helm reports a schema `pattern` mismatch as the bare regex.
+No sign: a negative size or limit is never meant. Arguments: (list key value example).
+*/}}
+{{- define "envace.quantity" -}}
+{{- $key := index . 0 -}}
+{{- $value := toString (index . 1) -}}
+{{- if not (regexMatch `^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$` $value) -}}
+{{- fail (printf "%s=%q is not a Kubernetes quantity: give a number without a sign, optionally with a suffix (m, k, M, G, T, Ki, Mi, Gi, Ti), e.g. --set %s=%s" $key $value $key (index . 2)) -}}
+{{- end -}}
+{{- $value -}}
+{{- end }}
+
+{{/* Container resources as YAML, every quantity checked by envace.quantity. Arguments: (list key resources). */}}
+{{- define "envace.resources" -}}
+{{- $key := index . 0 -}}
+{{- $resources := index . 1 -}}
+{{- $examples := dict "cpu" "500m" "memory" "8Gi" "ephemeral-storage" "8Gi" -}}
+{{- range $kind, $quantities := $resources -}}
+{{- range $name, $value := $quantities -}}
+{{- $_ := include "envace.quantity" (list (printf "%s.%s.%s" $key $kind $name) $value (get $examples $name | default "1")) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end }}
+
 {{- define "envace.store.scheme" -}}
 {{- ternary "https" "http" .Values.store.secure }}
 {{- end }}
