@@ -34,9 +34,10 @@ __all__ = [
     "strip_thinking",
 ]
 
-# A block starts at the beginning of the text or right after a newline, with exact inner newlines.
-_TOOL_CALL_RE = re.compile(r"(?:^|\n)<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-_EXEC_RE = re.compile(r"(?:^|\n)<execution_result>\n(.*?)\n</execution_result>", re.DOTALL)
+# A block starts at the beginning of the text or right after a newline, with exact inner newlines:
+# an opening line (these patterns), the inner text, then "\n</tag>" (the first one after it).
+_TOOL_CALL_OPEN = re.compile(r"(?:^|\n)<tool_call>\n")
+_EXEC_OPEN = re.compile(r"(?:^|\n)<execution_result>\n")
 _THINK_RE = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
 
@@ -79,13 +80,48 @@ def strip_thinking(text: str) -> str:
     return _THINK_RE.sub("", text, count=1)
 
 
+def _blocks(
+    body: str, opening: re.Pattern[str], close: str, limit: int | None = None
+) -> list[tuple[int, str]]:
+    """(start, inner text) of each block, in order, as a lazy regex would find them.
+
+    Linear in the text (a model can write thousands of opening tags): each block's end is the
+    first `close` after its opening line, and once no `close` follows, no later block can end.
+    """
+    found: list[tuple[int, str]] = []
+    pos = 0
+    while limit is None or len(found) < limit:
+        m = opening.search(body, pos)
+        if m is None:
+            break
+        end = body.find(close, m.end())  # the inner text may be empty: "<tag>\n\n</tag>"
+        if end == -1:
+            break
+        inner = body[m.end() : end]
+        found.append((m.start(), inner))
+        pos = end + len(close)
+    return found
+
+
 def _finite_json(text: str) -> Any:
-    """json.loads that rejects NaN/Infinity (not JSON, and not serialisable back)."""
+    """json.loads that rejects what cannot go back into a conversation: NaN/Infinity and numbers
+    that overflow to infinity (not JSON), and lone surrogates (not UTF-8)."""
 
     def reject(token: str) -> Any:
         raise ValueError(f"non-finite number {token}")
 
-    return json.loads(text, parse_constant=reject)
+    def finite_float(token: str) -> float:
+        value = float(token)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError(f"number {token[:40]} overflows to infinity")
+        return value
+
+    obj = json.loads(text, parse_constant=reject, parse_float=finite_float)
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate escape (not UTF-8 text)") from None
+    return obj
 
 
 def _call_from_obj(obj: Any) -> ToolCall | ParseError:
@@ -100,7 +136,7 @@ def _call_from_obj(obj: Any) -> ToolCall | ParseError:
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = _finite_json(args)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return ParseError("JSON_DECODE_ERROR", f"arguments of {name!r}: {exc}")
     if not isinstance(args, dict):
         return ParseError("NO_ARGUMENTS", f"the arguments of {name!r} are not a JSON object")
@@ -127,7 +163,7 @@ def parse_tool_calls(text: str) -> CallerParse:
     body = strip_thinking(text)
     if "<tool_call>" not in body:
         return CallerParse(content=body.strip())
-    matches = list(_TOOL_CALL_RE.finditer(body))
+    matches = _blocks(body, _TOOL_CALL_OPEN, "\n</tool_call>")
     if not matches or body.count("<tool_call>") != len(matches):
         return CallerParse(
             content=body.strip(),
@@ -137,12 +173,12 @@ def parse_tool_calls(text: str) -> CallerParse:
             ),
         )
     calls: list[ToolCall] = []
-    for m in matches:
-        parsed = _calls_from_block(m.group(1))
+    for _start, inner in matches:
+        parsed = _calls_from_block(inner)
         if isinstance(parsed, ParseError):
             return CallerParse(content=body.strip(), error=parsed)
         calls.extend(parsed)
-    content = body[: matches[0].start()].strip()
+    content = body[: matches[0][0]].strip()
     return CallerParse(content=content, calls=calls)
 
 
@@ -155,8 +191,8 @@ def parse_execution_result(text: str) -> SimulatorParse:
         return SimulatorParse(
             None, ParseError("NO_EXECUTION_RESULT_TAG_FOUND", "no <execution_result> tag")
         )
-    m = _EXEC_RE.search(body)
-    if m is None:
+    blocks = _blocks(body, _EXEC_OPEN, "\n</execution_result>", limit=1)
+    if not blocks:
         return SimulatorParse(
             None,
             ParseError(
@@ -165,7 +201,7 @@ def parse_execution_result(text: str) -> SimulatorParse:
             ),
         )
     try:
-        result = _finite_json(m.group(1))
+        result = _finite_json(blocks[0][1])
     except (ValueError, RecursionError) as exc:
         return SimulatorParse(None, ParseError("SIMULATOR_JSON_DECODE_ERROR", str(exc)))
     if isinstance(result, dict) and result:

@@ -217,7 +217,7 @@ def _call_line(call: dict[str, Any]) -> str:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         # A malformed argument string stays verbatim: it is itself worth judging.
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             arguments = json.loads(arguments)
     return json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
 
@@ -296,7 +296,7 @@ def parse_judge_answer(text: str) -> bool:
     five schema fields of the right types, nothing else (no prose, no code fence)."""
     try:
         reply = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise JudgeOutputError(f"reply is not JSON ({exc}): {text[:200]!r}") from exc
     if not isinstance(reply, dict):
         raise JudgeOutputError(f"reply is a JSON {type(reply).__name__}, not an object")
@@ -321,7 +321,7 @@ def _has_call_error(messages: Sequence[Message]) -> bool:
         if isinstance(content, str):
             try:
                 content = json.loads(content)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
         if isinstance(content, dict) and "error_tool_call" in content:
             return True

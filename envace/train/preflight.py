@@ -16,9 +16,11 @@ already holds a run is never replaced by accident:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ __all__ = [
     "load_gold",
     "previous_run",
     "refuse_previous_run",
+    "run_lock",
 ]
 
 log = logging.getLogger(__name__)
@@ -192,6 +195,46 @@ def _check_task_files(cfg: Config) -> None:
             )
         if not load_gold(Path(t.gold_file)):
             raise ConfigError(f"tasks.gold_file: {t.gold_file}: holds no gold conversation")
+
+
+LOCK_NAME = ".envace.lock"
+
+
+@contextlib.contextmanager
+def run_lock(out: Path, *, enabled: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on `out` for a run: two runs writing one folder interleave their
+    metrics and checkpoints (or one deletes the other's files with --overwrite). The lock is
+    an flock on `OUT/.envace.lock` (released by the kernel if the process dies) holding the
+    pid, so the refusal can say who has it. `enabled=False` (ranks other than 0): no lock."""
+    if not enabled:
+        yield
+        return
+    import fcntl
+    import os
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    path = out / LOCK_NAME
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise UserInputError(
+                f"--out {out}: another envace run (pid {holder}) is using this folder; wait"
+                " for it to finish, or choose another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _committed_in_store(store: str) -> str | None:

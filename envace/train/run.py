@@ -625,12 +625,11 @@ def _start(
 ) -> _Start:
     """Tasks, resume point and the starting model, on every rank.
 
-    Nothing is written before the inputs are checked and the resume point is known
-    (`envace.train.preflight`): a bad input or a refused folder leaves `out` as it was.
+    Nothing is written before the resume point is known and the folder may be used (the inputs
+    were checked by `run_main`): a refused folder leaves `out` as it was.
     """
     from envace.train import preflight
 
-    preflight.check_inputs(cfg, out, store)
     if info.is_main and not resume:
         found = preflight.previous_run(out, store)
         if found is not None:
@@ -684,10 +683,27 @@ def run_main(
     """Run the whole method; returns the summary written to OUT/summary.json (on rank 0; the
     other ranks of a multi-process run return `{"rank": r}`).
 
-    A folder that already holds a run needs `resume` (continue it) or `overwrite` (replace it).
+    A folder that already holds a run needs `resume` (continue it) or `overwrite` (replace it);
+    a folder another run is using is refused (rank 0 holds `OUT/.envace.lock` while it runs).
     """
+    from envace.train import preflight
+
     t0 = time.perf_counter()
     info = _join_job(cfg)
+    preflight.check_inputs(cfg, out, store)
+    with preflight.run_lock(out, enabled=info.is_main):
+        return _run_locked(cfg, out, store, resume, overwrite, info, t0)
+
+
+def _run_locked(
+    cfg: Config,
+    out: Path,
+    store: str | None,
+    resume: bool,
+    overwrite: bool,
+    info: DistInfo,
+    t0: float,
+) -> dict[str, Any]:
     main = info.is_main
     st = _start(cfg, out, store, resume, info, overwrite)
     paths, stages, splits, tokenizer = st.paths, st.stages, st.splits, st.tokenizer

@@ -144,3 +144,53 @@ def test_deeply_nested_json_is_an_error_not_a_crash() -> None:
     deep = "[" * 100_000 + "]" * 100_000
     assert parse_execution_result(f"<execution_result>\n{deep}\n</execution_result>").error
     assert parse_tool_calls(f"<tool_call>\n{deep}\n</tool_call>").error
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ('{"name": "a", "arguments": "' + "[" * 100000 + '"}', "JSON_DECODE_ERROR"),
+        ('{"name": "a", "arguments": {"x": 1e999}}', "JSON_DECODE_ERROR"),
+        ('{"name": "a", "arguments": {"x": "\\ud800"}}', "JSON_DECODE_ERROR"),
+        ('{"name": "a\\udfff", "arguments": {}}', "JSON_DECODE_ERROR"),
+    ],
+)
+def test_hostile_call_json_is_a_parse_error(text: str, code: str) -> None:
+    """Deep nesting, numbers that overflow to infinity and lone surrogates cannot go back into
+    a conversation (or a row file): an error code, never an exception or an `inf`."""
+    parsed = parse_tool_calls(f"<tool_call>\n{text}\n</tool_call>")
+    assert parsed.error is not None and parsed.error.code == code, parsed
+
+
+def test_hostile_result_json_is_a_parse_error() -> None:
+    for inner in ('{"a": "\\ud800"}', '{"a": -1e400}'):
+        parsed = parse_execution_result(f"<execution_result>\n{inner}\n</execution_result>")
+        assert parsed.error is not None and parsed.error.code == "SIMULATOR_JSON_DECODE_ERROR"
+
+
+def test_many_opening_tags_are_rejected() -> None:
+    """A model can write thousands of opening tags; the block scan is linear (the old lazy
+    regex took seconds at 8,000 and did not finish at 100,000)."""
+    assert parse_tool_calls("<tool_call>\n" * 100_000).error.code == "NO_TOOL_CALL_FOUND"  # type: ignore[union-attr]
+    result = parse_execution_result("\n<execution_result>\n" * 100_000)
+    assert result.error is not None and result.error.code == "EXECUTION_RESULT_TAG_MALFORMED"
+
+
+def test_block_scan_finds_what_the_block_regex_finds() -> None:
+    """The linear scan returns the blocks of the pattern it replaced, on random tag soup."""
+    import random
+    import re
+
+    from envace.policy.parsing import _EXEC_OPEN, _TOOL_CALL_OPEN, _blocks
+
+    calls = re.compile(r"(?:^|\n)<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+    result = re.compile(r"(?:^|\n)<execution_result>\n(.*?)\n</execution_result>", re.DOTALL)
+    pieces = ["<tool_call>", "</tool_call>", "\n", "x", "<execution_result>", "</execution_result>"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        want = [(m.start(), m.group(1)) for m in calls.finditer(text)]
+        assert _blocks(text, _TOOL_CALL_OPEN, "\n</tool_call>") == want, text
+        first = result.search(text)
+        want = [(first.start(), first.group(1))] if first else []
+        assert _blocks(text, _EXEC_OPEN, "\n</execution_result>", limit=1) == want, text

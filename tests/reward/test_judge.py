@@ -329,3 +329,15 @@ def test_schema_lists_exactly_the_five_fields() -> None:
     assert set(JUDGE_SCHEMA["required"]) == set(JUDGE_SCHEMA["properties"]) == {*FIELDS, "answer"}
     assert JUDGE_SCHEMA["additionalProperties"] is False
     assert JUDGE_SCHEMA["properties"]["answer"] == {"type": "boolean"}
+
+
+def test_deeply_nested_text_is_data_not_a_crash() -> None:
+    """100,000 `[` (RecursionError in json) in a judge reply, a call's arguments or a tool
+    message: an unusable reply / verbatim text, never an exception that ends grading."""
+    from envace.reward.judge import _call_line, _has_call_error, _verdict
+
+    deep = "[" * 100_000
+    verdict = _verdict(deep)
+    assert isinstance(verdict, str) and verdict.startswith("unusable judge reply")
+    assert deep in _call_line({"name": "a", "arguments": deep})
+    assert _has_call_error([{"role": "tool", "content": deep}]) is False

@@ -16,12 +16,20 @@ from envace.cli import main
 from envace.config import load_config
 from envace.errors import ConfigError, UserInputError
 from envace.tasks.generate import write_splits
-from envace.train.preflight import check_inputs, check_resume_config, load_gold, previous_run
+from envace.train.preflight import (
+    LOCK_NAME,
+    check_inputs,
+    check_resume_config,
+    load_gold,
+    previous_run,
+    run_lock,
+)
 from tests.helpers.micro import MICRO
 
 
 def _snapshot(root: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    """Every file's bytes, but the run lock's (a refused run may take the lock to look)."""
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME}
 
 
 @pytest.fixture
@@ -170,3 +178,16 @@ def test_vllm_must_be_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="vllm is not installed in this Python"):
         check_inputs(load_config(None, vllm), tmp_path, None)
+
+
+def test_a_folder_in_use_is_refused(
+    tmp_path: Path, old_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While one run holds the folder, a second (even with --overwrite) stops at once."""
+    before = _snapshot(old_run)
+    with run_lock(old_run):
+        assert _run(old_run, "--overwrite") == 2
+        assert "another envace run (pid " in capsys.readouterr().err
+    assert _snapshot(old_run) == before
+    with run_lock(old_run):  # released: it can be taken again
+        pass

@@ -9,6 +9,7 @@ import pytest
 
 from envace.cli import main
 from envace.config import load_config
+from envace.train.preflight import LOCK_NAME
 from envace.train.run import run_main
 from tests.helpers.micro import MICRO
 
@@ -55,10 +56,14 @@ def test_run_writes_every_artifact(tmp_path: Path, capsys: pytest.CaptureFixture
     )
     # a fresh run into the same folder is refused, leaving the run as it was
     again = [*args, "--set", "train.iterations=1", "--set", "warm_start.enabled=false"]
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_NAME}
+
+    before = files()
     assert main(again) == 2
     assert "already holds a run" in capsys.readouterr().err
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert files() == before
     # --overwrite replaces it: a fresh metric history, none of the old checkpoints left
     assert main([*again, "--overwrite"]) == 0
     assert [r["iteration"] for r in _lines(out / "metrics.jsonl")] == [1]
