@@ -76,8 +76,16 @@ def function_tool(
     }
 
 
+# A message quotes the offending value; a model can send megabytes, and the message goes back
+# into its context as the tool result.
+_MAX_MESSAGE_CHARS = 200
+
+
 def _error_line(error: ValidationError) -> str:
-    return f"{error.json_path}: {error.message}"
+    message = error.message
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = f"{message[:_MAX_MESSAGE_CHARS]}... ({len(message)} chars)"
+    return f"{error.json_path}: {message}"
 
 
 def argument_errors(parameters: Mapping[str, Any], arguments: Any) -> list[str]:

@@ -149,6 +149,8 @@ def _calls_from_block(block: str) -> list[ToolCall] | ParseError:
     except (ValueError, RecursionError) as exc:
         return ParseError("JSON_DECODE_ERROR", f"tool call is not valid JSON: {exc}")
     items = obj if isinstance(obj, list) else [obj]
+    if not items:
+        return ParseError("NO_TOOL_CALL_FOUND", "the tool call block holds an empty list")
     calls: list[ToolCall] = []
     for item in items:
         call = _call_from_obj(item)

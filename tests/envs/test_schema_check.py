@@ -85,3 +85,14 @@ def test_check_state_shape_names_the_world_and_the_field() -> None:
     check_state_shape("shop", schema, {"items": {}})
     with pytest.raises(UserInputError, match=r"shop initial_state is malformed: \$.items: 3"):
         check_state_shape("shop", schema, {"items": 3})
+
+
+def test_error_lines_do_not_echo_huge_values() -> None:
+    """The message quotes the bad value; a model can send megabytes, and the line becomes the
+    tool result in its context: it is cut at 200 characters, saying how long it was."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    (line,) = argument_errors(schema, {"n": "x" * 1_000_000})
+    assert line.startswith("$.n: 'xxx") and line.endswith(" chars)")
+    assert len(line) < 260
+    (short,) = argument_errors(schema, {"n": "5"})
+    assert short == "$.n: '5' is not of type 'integer'"

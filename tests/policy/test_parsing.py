@@ -194,3 +194,9 @@ def test_block_scan_finds_what_the_block_regex_finds() -> None:
         first = result.search(text)
         want = [(first.start(), first.group(1))] if first else []
         assert _blocks(text, _EXEC_OPEN, "\n</execution_result>", limit=1) == want, text
+
+
+def test_an_empty_call_list_is_not_an_answer() -> None:
+    parsed = parse_tool_calls("<tool_call>\n[]\n</tool_call>")
+    assert not parsed.is_answer
+    assert parsed.error is not None and parsed.error.code == "NO_TOOL_CALL_FOUND"
