@@ -25,6 +25,7 @@ import pytest
 from envace import pipeline_cli
 from envace.cli import main
 from envace.pipeline_cli import packaged_pipeline
+from tests.helpers.silent_server import silent_server
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipelines" / "envace_pipeline.yaml"
 
@@ -111,28 +112,8 @@ def fake_kfp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeKf
 @pytest.fixture
 def silent_host() -> Iterator[str]:
     """http://127.0.0.1:PORT of a TCP server that accepts connections and never answers."""
-    stop = threading.Event()
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0.05)
-    held: list[socket.socket] = []
-
-    def hold() -> None:
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=hold, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join(timeout=5)
-    for conn in held:
-        conn.close()
-    listener.close()
+    with silent_server() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def _closed_port() -> int:

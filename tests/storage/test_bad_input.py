@@ -4,8 +4,6 @@ naming the input and the fix, never a traceback."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from envace.storage import RetryPolicy, S3Settings, StoreUnavailableError
 from envace.storage.artifacts import commit_dir, fetch_dir
 from envace.storage.retry import call_with_retry
 from envace.storage.s3 import S3Store, is_transient
+from tests.helpers.silent_server import silent_server
 
 
 def _artifact(tmp_path: Path) -> str:
@@ -168,28 +167,8 @@ def test_timeouts_name_their_variable() -> None:
 @pytest.fixture
 def stuck_server() -> Iterator[int]:
     """A TCP server that accepts connections and never answers (a hung S3 server)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join(timeout=5)
-    for conn in held:
-        conn.close()
-    server.close()
+    with silent_server() as port:
+        yield port
 
 
 def test_stuck_server_error_names_the_read_timeout(stuck_server: int) -> None:

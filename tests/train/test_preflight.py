@@ -3,11 +3,9 @@ it was; `--resume` refuses settings its checkpoint was not trained with."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from envace.train.preflight import (
     run_lock,
 )
 from tests.helpers.micro import MICRO
+from tests.helpers.silent_server import silent_server
 
 
 def _snapshot(root: Path) -> dict[Path, bytes]:
@@ -138,18 +137,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextlib.contextmanager
-def _silent_server() -> Iterator[str]:
-    """Accepts connections and never answers (a hung service)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        sock.close()
-
-
 def _external(url: str) -> list[str]:
     return [*MICRO, "rollout.mode=external", f"rollout.external_endpoint={url}"]
 
@@ -165,8 +152,10 @@ def test_external_endpoint_must_answer(tmp_path: Path, monkeypatch: pytest.Monke
     dead = f"http://127.0.0.1:{_free_port()}/v1"
     with pytest.raises(ConfigError, match=r"rollout\.external_endpoint: no answer from"):
         check_inputs(load_config(None, _external(dead)), tmp_path / "o", None)
-    with _silent_server() as hung, pytest.raises(ConfigError, match=r"within 0\.5 s"):
-        check_inputs(load_config(None, _external(hung)), tmp_path / "o", None)
+    with silent_server() as port, pytest.raises(ConfigError, match=r"within 0\.5 s"):
+        check_inputs(
+            load_config(None, _external(f"http://127.0.0.1:{port}/v1")), tmp_path / "o", None
+        )
 
 
 def test_vllm_must_be_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
