@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "EnvaceError", "TrainingDiverged", "UserInputError", "require_finite"]
+import math
+
+__all__ = [
+    "ConfigError",
+    "EnvaceError",
+    "TrainingDiverged",
+    "UserInputError",
+    "diverged",
+    "require_finite",
+]
 
 
 class EnvaceError(Exception):
@@ -22,10 +31,15 @@ class TrainingDiverged(UserInputError):
     high). Raised before anything non-finite is saved, so the newest checkpoint is intact."""
 
 
+def diverged(what: str, fix: str) -> TrainingDiverged:
+    """The error for a run whose numbers stopped being finite: `what` says which, `fix` how."""
+    return TrainingDiverged(
+        f"training diverged: {what}; nothing non-finite was saved, the newest committed"
+        f" checkpoint is intact (continue from it with --resume). {fix}"
+    )
+
+
 def require_finite(value: float, what: str, fix: str) -> None:
     """Raise TrainingDiverged naming `what` and `fix` when `value` is nan or infinite."""
-    if value != value or value in (float("inf"), float("-inf")):
-        raise TrainingDiverged(
-            f"training diverged: {what} is {value}; nothing non-finite was saved, the newest"
-            f" committed checkpoint is intact (continue from it with --resume). {fix}"
-        )
+    if not math.isfinite(value):
+        raise diverged(f"{what} is {value}", fix)

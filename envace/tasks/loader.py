@@ -41,6 +41,7 @@ __all__ = [
     "check_task",
     "format_path",
     "json_type_name",
+    "load_gold",
     "load_tasks",
     "parse_json_strict",
     "show_text",
@@ -718,3 +719,34 @@ def load_tasks(
             skipped[0],
         )
     return LoadResult(tasks=tasks, skipped=skipped)
+
+
+def load_gold(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Gold conversations (`{"task_id": ..., "messages": [...]}` per line) by task id; errors
+    name the file, the line and what is wrong."""
+    name = str(path)
+    gold: dict[str, list[dict[str, Any]]] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{name}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise UserInputError(f"{name}: cannot read the gold file: {exc.strerror}") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserInputError(f"{name}:{lineno}: not valid JSON ({exc.msg})") from None
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("task_id"), str)
+            or not isinstance(rec.get("messages"), list)
+        ):
+            raise UserInputError(
+                f"{name}:{lineno}: expected an object with a string task_id and a messages list"
+                " (docs/task_format.md, gold conversations)"
+            )
+        gold[rec["task_id"]] = rec["messages"]
+    return gold

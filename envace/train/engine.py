@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from envace.errors import UserInputError, require_finite
+from envace.errors import UserInputError, diverged
 from envace.train.batch import MicroBatch, token_logprobs
 
 __all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
@@ -22,12 +22,11 @@ __all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
 def require_finite_weights(model: Any, where: str) -> None:
     """Raise TrainingDiverged when a parameter of `model` holds nan/inf (a diverged update), so
     such weights are neither sampled from nor saved as a complete checkpoint. `where` names
-    them in the message. Under ZeRO-3 a rank holds empty placeholders here, which pass."""
+    them in the message. Under ZeRO-3 a rank sees empty placeholders here: nothing to check."""
     for name, param in model.named_parameters():
         if param.numel() and not bool(torch.isfinite(param).all()):
-            require_finite(
-                float("nan"),
-                f"parameter {name} of {where}",
+            raise diverged(
+                f"parameter {name} of {where} holds nan or inf",
                 "Lower train.lr / warm_start.lr, or the clipping threshold train.grad_clip.",
             )
 

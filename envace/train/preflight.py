@@ -32,7 +32,7 @@ __all__ = [
     "check_inputs",
     "check_resume_config",
     "clear_previous_run",
-    "load_gold",
+    "make_out_dir",
     "previous_run",
     "refuse_previous_run",
     "run_lock",
@@ -58,39 +58,6 @@ RESUME_KEYS = (
     "tasks.test_file",
     "tasks.gold_file",
 )
-
-
-def load_gold(path: Path, shown: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Gold conversations (`{"task_id": ..., "messages": [...]}` per line) by task id.
-
-    Errors name the file (`shown`, default `path`), the line and what is wrong.
-    """
-    name = shown or str(path)
-    gold: dict[str, list[dict[str, Any]]] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserInputError(f"{name}: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise UserInputError(f"{name}: cannot read the gold file: {exc.strerror}") from None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserInputError(f"{name}:{lineno}: not valid JSON ({exc.msg})") from None
-        if (
-            not isinstance(rec, dict)
-            or not isinstance(rec.get("task_id"), str)
-            or not isinstance(rec.get("messages"), list)
-        ):
-            raise UserInputError(
-                f"{name}:{lineno}: expected an object with a string task_id and a messages list"
-                " (docs/task_format.md, gold conversations)"
-            )
-        gold[rec["task_id"]] = rec["messages"]
-    return gold
 
 
 def _looks_local(path: str) -> bool:
@@ -164,7 +131,7 @@ def _check_endpoint(base_url: str, key: str) -> None:
 
 
 def _check_task_files(cfg: Config) -> None:
-    from envace.tasks.loader import load_tasks
+    from envace.tasks.loader import load_gold, load_tasks
 
     t = cfg.tasks
     if t.train_file is None:
@@ -200,6 +167,14 @@ def _check_task_files(cfg: Config) -> None:
 LOCK_NAME = ".envace.lock"
 
 
+def make_out_dir(out: Path) -> None:
+    """Create `out` (and parents), or say why it cannot be."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+
+
 @contextlib.contextmanager
 def run_lock(out: Path, *, enabled: bool = True) -> Iterator[None]:
     """Hold an exclusive lock on `out` for a run: two runs writing one folder interleave their
@@ -212,10 +187,7 @@ def run_lock(out: Path, *, enabled: bool = True) -> Iterator[None]:
     import fcntl
     import os
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserInputError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    make_out_dir(out)
     path = out / LOCK_NAME
     with open(path, "a+", encoding="utf-8") as handle:
         try:

@@ -55,7 +55,6 @@ from envace.train.engine import (
     load_trainer_state,
     require_finite_weights,
 )
-from envace.train.preflight import load_gold
 from envace.train.rl import RLTrainer, RoleLearner, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
 from envace.train.tracking import MetricsLogger, NullLogger, plot_progress
@@ -127,7 +126,7 @@ def prepare_tasks(cfg: Config, paths: RunPaths) -> Path:
 
 
 def load_splits(tasks_dir: Path) -> TaskSplits:
-    from envace.tasks.loader import load_tasks
+    from envace.tasks.loader import load_gold, load_tasks
 
     train = load_tasks(tasks_dir / "train.jsonl").tasks
     test_path = tasks_dir / "test.jsonl"
@@ -637,10 +636,7 @@ def _start(
                 preflight.refuse_previous_run(found, out)
             preflight.clear_previous_run(out, store)
     _wait_for_all(cfg, "pre-flight checks")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserInputError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    preflight.make_out_dir(out)  # rank 0 made it under the run lock; the other ranks here
     paths = RunPaths(out, store or str(out), writes=info.is_main)
     stages_path = out / "stages.json"
     first_on_node = info.local_rank == 0

@@ -34,10 +34,12 @@ def test_out_below_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert blocker.read_text() == "keep"
 
 
+@pytest.mark.skipif(
+    not Path("/proc/self").is_dir(),
+    reason="needs Linux /proc: the one folder where even root cannot create a file",
+)
 def test_unwritable_out_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Even root cannot create files in /proc: the write itself fails, after the checks.
-    if not Path("/proc/self").is_dir():
-        pytest.skip("needs Linux /proc")
     code, err = _compile(capsys, Path("/proc/x.yaml"))
     assert code == 2 and "cannot write /proc/x.yaml" in err
 

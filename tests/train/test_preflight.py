@@ -14,11 +14,11 @@ from envace.cli import main
 from envace.config import load_config
 from envace.errors import ConfigError, UserInputError
 from envace.tasks.generate import write_splits
+from envace.tasks.loader import load_gold
 from envace.train.preflight import (
     LOCK_NAME,
     check_inputs,
     check_resume_config,
-    load_gold,
     previous_run,
     run_lock,
 )
