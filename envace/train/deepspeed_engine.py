@@ -13,10 +13,12 @@ every forward), and each rank's loss is the mean over its own rows. DeepSpeed av
 gradients over ranks, so with equal row counts per rank (`distributed.shard`) an N-rank step is
 the single-process step over all rows (tests/train/test_deepspeed.py checks the losses).
 
-What is built from `train.deepspeed_config` (a mapping of DeepSpeed JSON keys, plus three EnvACE
-keys, see `split_deepspeed_config`): ZeRO stage (default 2), bf16 (default: on with a GPU),
+What is built from `train.deepspeed_config` (a mapping of DeepSpeed JSON keys, plus EnvACE's
+own keys, see `split_deepspeed_config`): ZeRO stage (default 2), bf16 (default: on with a GPU),
 optimizer offload, and everything else DeepSpeed reads. The optimizer (AdamW, no decay on norms
-and biases), lr schedule and gradient clipping come from `train.*`, exactly as in `TorchEngine`.
+and biases), lr schedule, gradient clipping and what trains (`train.trainable`: LoRA adapters or
+the top layers, the same code as `TorchEngine`'s, `envace/train/adapters.py`) come from
+`train.*`.
 
 Checkpoints: `save_model(dir)` writes Hugging Face weights gathered from the ZeRO-3 shards (LoRA
 merged in; rank 0 writes) plus DeepSpeed's own state under `dir/deepspeed/` (fp32 master weights,
@@ -39,6 +41,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from envace.errors import ConfigError
+from envace.train.adapters import (
+    LoraOptions,
+    Trainable,
+    apply_trainable,
+    lora_scaling,
+    merge_lora_state_dict,
+)
 from envace.train.batch import (
     ChunkFn,
     MicroBatch,
@@ -60,7 +69,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DeepSpeedEngine",
     "DeepSpeedOptions",
-    "LoraOptions",
+    "LoraOptions",  # re-exported from envace.train.adapters, where it lives
     "build_ds_config",
     "enable_activation_checkpointing",
     "load_pretrained",
@@ -86,52 +95,6 @@ _STATE_DIR = "deepspeed"
 
 
 @dataclass(frozen=True)
-class LoraOptions:
-    """LoRA adapters (peft) on the named linear layers; only the adapters train."""
-
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.r
-
-    @classmethod
-    def from_mapping(cls, raw: Any, where: str = "train.deepspeed_config.lora") -> LoraOptions:
-        if raw is True:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{where}: expected a mapping (r, alpha, dropout, target_modules)")
-        unknown = sorted(set(raw) - {"r", "alpha", "dropout", "target_modules"})
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown key {unknown[0]!r}; known: r, alpha, dropout, target_modules"
-            )
-        opts = cls(
-            r=int(raw.get("r", cls.r)),
-            alpha=int(raw.get("alpha", cls.alpha)),
-            dropout=float(raw.get("dropout", cls.dropout)),
-            target_modules=tuple(raw.get("target_modules", cls().target_modules)),
-        )
-        if opts.r < 1 or opts.alpha <= 0 or not 0 <= opts.dropout < 1 or not opts.target_modules:
-            raise ConfigError(
-                f"{where}: need r >= 1, alpha > 0, 0 <= dropout < 1 and at least one target "
-                f"module, got {raw!r}"
-            )
-        return opts
-
-
-@dataclass(frozen=True)
 class DeepSpeedOptions:
     """Everything the engine needs; `from_config` maps the project config onto it."""
 
@@ -144,7 +107,8 @@ class DeepSpeedOptions:
     # DeepSpeed JSON keys, merged over the engine's defaults (see build_ds_config).
     ds_config: Mapping[str, Any] = field(default_factory=dict)
     gradient_checkpointing: bool = False
-    lora: LoraOptions | None = None
+    # which parameters train (train.trainable); None: the model's requires_grad as it comes
+    trainable: Trainable | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S  # every collective's deadline
     # DeepSpeed's shared-memory all-reduce for CPU ranks: a C++ build of ~2 min on first use;
     # gloo does the same job, and multi-process CPU training only happens in tests.
@@ -156,7 +120,7 @@ class DeepSpeedOptions:
     @classmethod
     def from_config(cls, cfg: Config) -> DeepSpeedOptions:
         t = cfg.train
-        ds, lora, timeout_s, shm = split_deepspeed_config(t.deepspeed_config)
+        ds, _lora, timeout_s, shm = split_deepspeed_config(t.deepspeed_config)
         compile_layers = bool(t.deepspeed_config.get("compile_layers", False))
         return cls(
             lr=t.lr,
@@ -167,7 +131,7 @@ class DeepSpeedOptions:
             total_steps=max(1, t.iterations * t.ppo_epochs),
             ds_config=ds,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
-            lora=lora,
+            trainable=Trainable.from_config(cfg),
             timeout_s=timeout_s,
             cpu_shm_comm=shm,
             compile_layers=compile_layers,
@@ -183,16 +147,17 @@ def split_deepspeed_config(
 ) -> tuple[dict[str, Any], LoraOptions | None, float, bool]:
     """`train.deepspeed_config` -> (DeepSpeed keys, LoRA options, collective timeout, shm flag).
 
-    EnvACE's own keys: `lora` (mapping or true), `collective_timeout_s` (seconds, default 1800),
-    `cpu_shm_comm` (bool), `compile_layers` (bool, read by `DeepSpeedOptions.from_config`). Keys the engine derives from `train.*` are refused, naming the field
-    to set instead.
+    EnvACE's own keys: `lora` (mapping or true; the older spelling of `train.trainable: lora`,
+    read by `Trainable.from_config`), `collective_timeout_s` (seconds, default 1800),
+    `cpu_shm_comm` (bool), `compile_layers` (bool, read by `DeepSpeedOptions.from_config`). Keys
+    the engine derives from `train.*` are refused, naming the field to set instead.
     """
     where = "train.deepspeed_config"
     for key, instead in _OWNED_KEYS.items():
         if key in raw:
             raise ConfigError(f"{where}.{key}: set by the engine; configure {instead}")
     ds = {k: copy.deepcopy(v) for k, v in raw.items() if k not in _ENVACE_KEYS}
-    lora = LoraOptions.from_mapping(raw["lora"]) if raw.get("lora") else None
+    lora = LoraOptions.from_mapping(raw["lora"], f"{where}.lora") if raw.get("lora") else None
     timeout_s = float(raw.get("collective_timeout_s", DEFAULT_TIMEOUT_S))
     if timeout_s <= 0:
         raise ConfigError(f"{where}.collective_timeout_s: must be > 0 seconds, got {timeout_s}")
@@ -238,29 +203,6 @@ def build_ds_config(options: DeepSpeedOptions, world_size: int, on_gpu: bool) ->
 def _offloads_optimizer(ds_config: Mapping[str, Any]) -> bool:
     off = dict(ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}
     return str(off.get("device", "none")) in ("cpu", "nvme")
-
-
-def merge_lora_state_dict(
-    state: Mapping[str, torch.Tensor], scaling: float, adapter: str = "default"
-) -> dict[str, torch.Tensor]:
-    """A peft LoRA model's state dict as the plain model's: W + scaling * B @ A per layer.
-
-    Keys lose peft's `base_model.model.` prefix and `.base_layer` infix; adapter keys go away.
-    """
-    prefix = "base_model.model."
-    sd = {k.removeprefix(prefix): v for k, v in state.items()}
-    out: dict[str, torch.Tensor] = {}
-    for key, value in sd.items():
-        if ".lora_" in key:
-            continue
-        if key.endswith(".base_layer.weight"):
-            stem = key.removesuffix(".base_layer.weight")
-            a = sd[f"{stem}.lora_A.{adapter}.weight"].float()  # (r, in)
-            b = sd[f"{stem}.lora_B.{adapter}.weight"].float()  # (out, r)
-            out[f"{stem}.weight"] = (value.float() + scaling * (b @ a)).to(value.dtype)
-        else:
-            out[key.replace(".base_layer.", ".")] = value
-    return out
 
 
 def _init_distributed(options: DeepSpeedOptions) -> DistInfo:
@@ -353,24 +295,6 @@ def compile_decoder_layers(model: Any) -> int:
     return len(layers)
 
 
-def _apply_lora(model: Any, lora: LoraOptions) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    cfg = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    with warnings.catch_warnings():
-        # peft reads transformers' deprecated `is_gradient_checkpointing`; not ours to fix.
-        warnings.filterwarnings(
-            "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
-        )
-        return get_peft_model(model, cfg)
-
-
 class DeepSpeedEngine:
     """`TrainingEngine` over DeepSpeed ZeRO. Build one per process, on every rank."""
 
@@ -394,8 +318,8 @@ class DeepSpeedEngine:
             enable_activation_checkpointing(model)
         if options.compile_layers:
             compile_decoder_layers(model)
-        if options.lora is not None:
-            model = _apply_lora(model, options.lora)
+        if options.trainable is not None:
+            apply_trainable(model, options.trainable)  # adapters go inside the model, unwrapped
         self.model = model  # generation uses this (under ZeRO-3 its forward is collective)
         self._wrapper = _LogprobModule(
             model, compiled_chunk_logprobs() if options.compile_layers else chunk_logprobs
@@ -411,12 +335,12 @@ class DeepSpeedEngine:
         )
         self.steps = 0
         log.info(
-            "DeepSpeed engine: ZeRO-%d, %d rank(s), bf16 %s, offload %s, lora %s",
+            "DeepSpeed engine: ZeRO-%d, %d rank(s), bf16 %s, offload %s, trains %s",
             self.zero_stage,
             self.info.world_size,
             self.ds_config["bf16"].get("enabled"),
             _offloads_optimizer(self.ds_config),
-            options.lora is not None,
+            "as the model comes" if options.trainable is None else options.trainable.describe(),
         )
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -489,7 +413,7 @@ class DeepSpeedEngine:
         sd = self.full_state_dict()
         if self.info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self._hf_model().save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
+            self.model.save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
             tokenizer.save_pretrained(out_dir)
         barrier(f"save weights {out_dir}", self.options.timeout_s)
 
@@ -552,9 +476,6 @@ class DeepSpeedEngine:
                 offload._register_deepspeed_module(offload.module)
 
     # --- weights ----------------------------------------------------------------------------
-    def _hf_model(self) -> Any:
-        return self.model.get_base_model() if self.options.lora is not None else self.model
-
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Collective: the whole model's weights with Hugging Face names (LoRA merged), on
         rank 0; None on the others. Under ZeRO-3 gathered layer by layer."""
@@ -565,6 +486,5 @@ class DeepSpeedEngine:
         if raw is None:
             return None
         sd = {k.removeprefix("model."): v.detach().cpu() for k, v in raw.items()}
-        if self.options.lora is not None:
-            sd = merge_lora_state_dict(sd, self.options.lora.scaling)
-        return sd
+        scaling = lora_scaling(self.model)
+        return sd if scaling is None else merge_lora_state_dict(sd, scaling)

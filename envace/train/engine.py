@@ -3,6 +3,10 @@
 `TorchEngine` is plain PyTorch (AdamW, gradient clipping, an lr schedule) for CPU and single-GPU
 runs; a DeepSpeed ZeRO engine implements the same interface for multi-GPU runs. The trainer only
 calls `forward`, `backward`, `step`, `state_dict`/`load_state_dict` and `save_model`.
+
+Both engines train what `train.trainable` selects (all weights, LoRA adapters, the top decoder
+layers: `envace/train/adapters.py`); the optimizer holds only those parameters, and saved
+weights are always a plain Hugging Face checkpoint (LoRA merged in).
 """
 
 from __future__ import annotations
@@ -13,7 +17,16 @@ from typing import Any, Protocol
 
 import torch
 
-from envace.errors import UserInputError, diverged
+from envace.errors import ConfigError, UserInputError, diverged
+from envace.train.adapters import (
+    Trainable,
+    adapter_state,
+    apply_trainable,
+    lora_layers,
+    merged_state_dict,
+    restore_adapters,
+    save_hf_checkpoint,
+)
 from envace.train.batch import MicroBatch, token_logprobs
 
 __all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
@@ -89,7 +102,10 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Any:
 
 
 class TorchEngine:
-    """AdamW on one process. `total_steps` sizes the lr schedule."""
+    """AdamW on one process. `total_steps` sizes the lr schedule. `trainable` (`train.trainable`)
+    sets which parameters train before the optimizer is built; None takes the model as it comes
+    (its `requires_grad` flags, adapters an earlier engine added: a save-only engine changes
+    nothing)."""
 
     def __init__(
         self,
@@ -100,11 +116,16 @@ class TorchEngine:
         schedule: str = "constant",
         warmup: int = 0,
         total_steps: int = 1,
+        trainable: Trainable | None = None,
     ) -> None:
-        self.model = model
+        if trainable is not None:
+            apply_trainable(model, trainable)
+        self.model = model  # the transformers model itself: adapters sit inside it, unwrapped
+        self.trainable = trainable
         self.grad_clip = grad_clip
-        decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in self.params if p.ndim >= 2]
+        no_decay = [p for p in self.params if p.ndim < 2]
         # No weight decay on norms and biases (standard practice, as in nanoGPT).
         self.optimizer = torch.optim.AdamW(
             [
@@ -127,7 +148,7 @@ class TorchEngine:
         loss.backward()
 
     def step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         if torch.isfinite(norm):  # an overflowed gradient is dropped, never applied
             self.optimizer.step()
             self.scheduler.step()
@@ -140,22 +161,47 @@ class TorchEngine:
         return float(self.scheduler.get_last_lr()[0])
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """Optimizer, scheduler, step count, what trains and (LoRA) the adapters: the saved
+        weights have them merged in, and the optimizer's moments belong to these tensors."""
+        state: dict[str, Any] = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "steps": self.steps,
+            "trainable": None if self.trainable is None else self.trainable.describe(),
         }
+        adapters = adapter_state(self.model)
+        if adapters:
+            state["adapters"] = adapters
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: call on an engine built like the saved one, over the saved (merged) weights."""
+        saved = state.get("trainable")
+        if saved is not None and self.trainable is not None and saved != self.trainable.describe():
+            raise ConfigError(
+                f"train.trainable: the checkpoint's optimizer state trains {saved}, this engine"
+                f" {self.trainable.describe()}; resume with the run's train.trainable,"
+                " train.lora and train.top_layers"
+            )
+        if "adapters" in state:
+            restore_adapters(self.model, state["adapters"])
+        elif lora_layers(self.model):
+            raise ConfigError(
+                "train.trainable: this engine trains LoRA adapters but the checkpoint's"
+                " optimizer state has none; resume with the run's train.trainable"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under the plain model's names, LoRA merged (what vLLM loads)."""
+        return merged_state_dict(self.model)
 
     def save_weights(self, out_dir: Path, tokenizer: Any) -> None:
         """Hugging Face weights + tokenizer (the optimizer state lives in `state_dict`)."""
         self.save_model(out_dir, tokenizer)
 
     def save_model(self, out_dir: Path, tokenizer: Any) -> None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out_dir, safe_serialization=True)
-        tokenizer.save_pretrained(out_dir)
+        """A plain Hugging Face checkpoint, LoRA merged: loads without peft."""
+        save_hf_checkpoint(self.model, Path(out_dir), tokenizer)

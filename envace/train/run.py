@@ -42,6 +42,7 @@ from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import ModelPolicy, Policy
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
+from envace.train.adapters import Trainable
 from envace.train.distributed import (
     DistInfo,
     barrier,
@@ -155,6 +156,7 @@ def rollout_config(cfg: Config, *, eval_mode: bool = False) -> RolloutConfig:
         grounding=r.grounding,
         sim_whitelist=r.sim_whitelist,
         think_switch="/think" if cfg.model.enable_thinking else "",
+        tool_schemas=r.tool_schemas,
     )
 
 
@@ -173,6 +175,7 @@ def tokenizer_corpus(cfg: Config, splits: TaskSplits) -> list[str]:
 
 def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any]:
     """The configured checkpoint, or the embedded tiny model with a tokenizer trained here."""
+    from envace.policy.hf_backend import load_model_and_tokenizer
     from envace.policy.tiny import (
         build_tiny_model,
         build_tokenizer,
@@ -181,9 +184,14 @@ def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any
     )
 
     if cfg.model.path is not None:
-        from envace.policy.hf_backend import load_model_and_tokenizer
-
         return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype)
+    if cfg.model.preset == "smollm2-135m":
+        from envace.policy.pretrained import describe, ensure_smollm2
+
+        model, tokenizer = load_model_and_tokenizer(ensure_smollm2(), cfg.model.dtype)
+        log.info("model: SmolLM2-135M-Instruct (%s)", describe(model))
+        save_checkpoint(model, tokenizer, out_dir)
+        return model, tokenizer
     corpus = tokenizer_corpus(cfg, splits)
     tokenizer = build_tokenizer(corpus, cfg.model.vocab_size, corpus_min_frequency(len(corpus)))
     model = build_tiny_model(tokenizer, cfg.model.preset, seed=cfg.seed)
@@ -282,6 +290,7 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
         "cosine",
         min(20, steps // 10),
         steps,
+        trainable=Trainable.from_config(cfg),
     )
     stats = run_sft(
         engine,
@@ -335,7 +344,14 @@ def _engine(cfg: Config, model: Any) -> TrainingEngine:
         enable_activation_checkpointing(model)
     steps = max(1, t.iterations * t.ppo_epochs)
     return TorchEngine(
-        model, t.lr, t.weight_decay, t.grad_clip, t.lr_schedule, t.warmup_iterations, steps
+        model,
+        t.lr,
+        t.weight_decay,
+        t.grad_clip,
+        t.lr_schedule,
+        t.warmup_iterations,
+        steps,
+        trainable=Trainable.from_config(cfg),
     )
 
 

