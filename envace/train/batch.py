@@ -3,6 +3,11 @@
 A row is prompt ids + response ids; only response positions are trained. Rows are sorted by
 length before being cut into micro-batches, so padding waste stays small.
 
+A row may pack several generations that extend each other (a caller's turns: token-in /
+token-out, so each prompt is the previous prompt + response + what came after): their shared
+prefix runs through the model once. Per-generation maths (an RL advantage, a sequence's token
+mean) runs on `MicroBatch.generations`, one generation per row whether packed or not.
+
 `token_logprobs` never materialises the (tokens x vocabulary) logits of a whole batch: it runs
 the decoder, keeps only the hidden states of positions that predict a response token, and
 applies the LM head in checkpointed chunks (the logits of one chunk exist at a time, forward and
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -24,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "ChunkFn",
+    "Generations",
     "MicroBatch",
     "TrainRow",
     "chunk_logprobs",
@@ -37,11 +44,15 @@ __all__ = [
 
 @dataclass
 class TrainRow:
-    """What the trainer needs of one generation. advantage None: not part of a policy loss.
+    """What the trainer needs of one generation, or of several packed into one sequence.
 
+    advantage: the response's advantage; None: not part of a policy loss (or unscored).
+    old_logprobs: the sampling log-probs of every trained token, in position order (the extra
+        spans', then the response's); None when unknown.
     extra_spans: further trained [start, end) spans inside `prompt_ids` — set when several
-    generations that extend each other (a caller's turns, token-in / token-out) are packed into
-    one sequence, so their shared prefix is computed once (warm start only).
+        generations that extend each other (a caller's turns, token-in / token-out) are packed
+        into one sequence, so their shared prefix is computed once (`pack_prefix_rows`).
+    extra_advantages: the advantage of each extra span (None: the warm start, which has none).
     """
 
     prompt_ids: list[int]
@@ -50,6 +61,16 @@ class TrainRow:
     old_logprobs: list[float] | None = None
     role: str = "caller"
     extra_spans: list[tuple[int, int]] | None = None
+    extra_advantages: list[float | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.extra_advantages is not None and len(self.extra_advantages) != len(
+            self.extra_spans or []
+        ):
+            raise ValueError(
+                f"extra_advantages has {len(self.extra_advantages)} values for "
+                f"{len(self.extra_spans or [])} extra spans; give one per span"
+            )
 
     @property
     def length(self) -> int:
@@ -59,26 +80,88 @@ class TrainRow:
     def num_trained(self) -> int:
         return len(self.response_ids) + sum(e - s for s, e in self.extra_spans or [])
 
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """Every trained [start, end) span, one per generation, in position order."""
+        return [*(self.extra_spans or []), (len(self.prompt_ids), self.length)]
+
+    @property
+    def span_advantages(self) -> list[float | None]:
+        """The advantage of each span of `spans`."""
+        extra = self.extra_advantages or [None] * len(self.extra_spans or [])
+        return [*extra, self.advantage]
+
 
 def pack_prefix_rows(rows: Sequence[TrainRow]) -> list[TrainRow]:
     """Pack rows whose prompts extend the previous row's prompt + response into one row.
 
-    Rows must be in generation order. The packed row trains exactly the same tokens with the
-    same left context (causal attention), at the cost of one sequence instead of len(rows).
+    Rows must be single generations (no extra spans) in generation order. The packed row trains
+    exactly the same tokens with the same left context (causal attention; same positions), each
+    span keeping its advantage and old log-probs, at the cost of one sequence instead of
+    len(rows). A row that does not extend the previous one (another role, a context reset)
+    starts a new pack.
     """
     packed: list[TrainRow] = []
     for row in rows:
+        if row.extra_spans:
+            raise ValueError("pack_prefix_rows packs single generations; this row is packed")
         last = packed[-1] if packed else None
-        if last is not None:
+        if last is not None and row.role == last.role:
             seq = last.prompt_ids + last.response_ids
             if row.prompt_ids[: len(seq)] == seq:
-                spans = [*(last.extra_spans or []), (len(last.prompt_ids), len(seq))]
                 packed[-1] = TrainRow(
-                    row.prompt_ids, row.response_ids, role=row.role, extra_spans=spans
+                    row.prompt_ids,
+                    row.response_ids,
+                    row.advantage,
+                    _joined_logprobs(last, row),
+                    row.role,
+                    extra_spans=[*(last.extra_spans or []), (len(last.prompt_ids), len(seq))],
+                    extra_advantages=last.span_advantages,
                 )
                 continue
         packed.append(row)
     return packed
+
+
+def _joined_logprobs(last: TrainRow, row: TrainRow) -> list[float] | None:
+    """The old log-probs of `last`'s trained tokens then `row`'s; None unless both are whole."""
+    if last.old_logprobs is None or row.old_logprobs is None:
+        return None
+    if len(last.old_logprobs) != last.num_trained or len(row.old_logprobs) != len(row.response_ids):
+        return None
+    return [*last.old_logprobs, *row.old_logprobs]
+
+
+@dataclass(frozen=True)
+class Generations:
+    """A micro-batch's trained spans laid out one generation per row: G generations (a packed
+    row holds several), L tokens in the longest. Per-generation maths — a sequence's token
+    mean, its advantage — runs on this layout, so it is the same whether rows were packed or not.
+
+    index (G, L): flat positions into the micro-batch's (B, T) tensors (0 where masked);
+    mask (G, L): 1 on a generation's tokens; advantages (G,): unscored (None) as 0.
+    """
+
+    index: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Sequence[TrainRow], width: int, device: torch.device) -> Generations:
+        """The layout of `rows` collated to `width` (T) tokens."""
+        spans = [(b, s, e) for b, r in enumerate(rows) for s, e in r.spans]
+        longest = max((e - s for _, s, e in spans), default=0)
+        index = torch.zeros((len(spans), longest), dtype=torch.long)
+        mask = torch.zeros((len(spans), longest), dtype=torch.float32)
+        for g, (b, s, e) in enumerate(spans):
+            index[g, : e - s] = torch.arange(b * width + s, b * width + e)
+            mask[g, : e - s] = 1.0
+        adv = [a or 0.0 for r in rows for a in r.span_advantages]
+        return cls(index.to(device), mask.to(device), torch.tensor(adv, device=device))
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) per-token values -> (G, L), differentiable; masked positions hold x[0, 0]."""
+        return x.reshape(-1)[self.index.to(x.device)]
 
 
 @dataclass
@@ -86,7 +169,9 @@ class MicroBatch:
     """Right-padded tensors for B rows of max length T.
 
     input_ids (B, T); attention_mask (B, T); response_mask (B, T) 1 where the token at t is a
-    response token (its log-prob is predicted from position t-1); advantages (B,).
+    response token (its log-prob is predicted from position t-1), on a packed row's extra spans
+    too; advantages (B,) each row's response advantage. Per-generation values (every span's
+    advantage, a sequence mean per generation) come from `generations`.
     """
 
     input_ids: torch.Tensor
@@ -98,6 +183,15 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.response_mask.sum().item())
+
+    @property
+    def num_generations(self) -> int:
+        return sum(len(r.spans) for r in self.rows)
+
+    @cached_property
+    def generations(self) -> Generations:
+        """The rows' generations one per row, on the device of `response_mask`."""
+        return Generations.of(self.rows, self.input_ids.shape[1], self.response_mask.device)
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """The same batch on `device` (a no-op when it is already there)."""

@@ -11,15 +11,23 @@ One iteration (the reference's "step"):
    to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy).
 In "share" mode both roles' rows update one model; in "noshare" each role has its own model.
 
+A trajectory's caller rows are packed into one sequence (`pack_prefix_rows`): the caller's
+context is token-in / token-out, so each caller prompt is the previous prompt + response + the
+tool results and the next generation prompt, and the shared prefix (system prompt, tool
+schemas: most of the tokens) runs through the model once instead of once per step. The loss is
+computed per generation (`MicroBatch.generations`), so the update is exactly the unpacked one:
+each generation keeps its advantage and is one sequence of the sequence mean, and every count
+below ("rows") counts generations. Simulator rows each have their own prompt: never packed.
+
 Several ranks (torchrun, DeepSpeed engine) are data parallel: each rank rolls out its
 round-robin share of the iteration's tasks (all `n` rollouts of a task on one rank), the
 trajectories are gathered so that every rank computes the same rewards, advantages and metrics,
 and the trainable rows are split round-robin again for the update. Every rank then runs the same
 number of micro-batches (a rank with fewer rows repeats one at weight 0: ZeRO's per-micro-batch
 collectives need equal counts), and each micro-batch loss is weighted by world size x its share
-of the *global* rows (or tokens), so DeepSpeed's gradient average is exactly the one-process
-gradient over all rows. Under ZeRO-3 the rollout runs with the weights gathered on every rank
-(`DeepSpeedEngine.generation_context`).
+of the *global* rows (generations) or tokens, so DeepSpeed's gradient average is exactly the
+one-process gradient over all rows. Under ZeRO-3 the rollout runs with the weights gathered on
+every rank (`DeepSpeedEngine.generation_context`).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
 from envace.rollout.policies import Policy
 from envace.rollout.types import Role, Row, Trajectory
 from envace.tasks.model import Task
-from envace.train.batch import MicroBatch, TrainRow, make_micro_batches
+from envace.train.batch import MicroBatch, TrainRow, make_micro_batches, pack_prefix_rows
 from envace.train.distributed import (
     all_reduce_max,
     all_reduce_mean,
@@ -53,11 +61,14 @@ from envace.train.distributed import (
 )
 from envace.train.engine import TrainingEngine, require_finite_weights
 
-__all__ = ["RLTrainer", "generation_ready", "iteration_seed", "sample_tasks"]
+__all__ = ["RLTrainer", "generation_ready", "iteration_seed", "pack_trajectories", "sample_tasks"]
 
 log = logging.getLogger(__name__)
 
 _MAX_STATS = ("ratio_max",)  # per-token maxima: reduced by max over micro-batches and ranks
+# Token means of a micro-batch: weighted by its share of the global tokens, so they are the
+# token means of the whole batch, however it is cut into micro-batches (or packed).
+_TOKEN_STATS = ("clip_frac", "dual_clip_frac", "approx_kl", "ratio_mean")
 
 
 @contextlib.contextmanager
@@ -253,42 +264,8 @@ class RLTrainer:
         """PPO on `rows` (the same global rows on every rank; each rank trains its share)."""
         if not rows:
             return {"rows": 0.0}
-        train_rows = [
-            TrainRow(r.prompt_ids, r.response_ids, r.advantage, list(r.logprobs), str(r.role))
-            for r in rows
-        ]
-        agg = self.cfg.algo.loss_agg_mode
-        rank, world = self.dist.rank, self.dist.world_size
-        # Length-sorted before the round-robin split, so every rank gets a similar token load.
-        ordered = sorted(train_rows, key=lambda r: r.length)
-        mine = partition(ordered, rank, world)
-        device = next(learner.engine.model.parameters()).device
-        t = self.cfg.train
-        mbs = [
-            mb.to(device)
-            for mb in make_micro_batches(
-                mine, t.micro_batch_rows, learner.pad_id, t.micro_batch_tokens
-            )
-        ]
-        total_rows = len(train_rows)
-        total_tokens = all_reduce_sum(sum(mb.num_tokens for mb in mbs))
-        # Weight of each micro-batch: world x its share of the global batch (DeepSpeed averages
-        # the ranks' gradients); filler micro-batches (equal counts for ZeRO) weigh 0.
-        weights = [
-            world
-            * (
-                len(mb.rows) / total_rows
-                if agg == "seq-mean-token-mean"
-                else mb.num_tokens / total_tokens
-            )
-            for mb in mbs
-        ]
-        real = len(mbs)
-        filler = mbs[0] if mbs else make_micro_batches(ordered[:1], 1, learner.pad_id)[0].to(device)
-        missing = int(all_reduce_max(len(mbs))) - len(mbs)
-        mbs += [filler] * missing
-        weights += [0.0] * missing
-        epochs = self.cfg.train.ppo_epochs
+        plan = self._plan(learner, pack_trajectories(rows))
+        mbs, t, epochs = plan.mbs, self.cfg.train, self.cfg.train.ppo_epochs
         with torch.no_grad():
             ref = [self._ref_logprobs(mb) for mb in mbs]
             # Old log-probs (of the weights that generated the rows): with one pass they are
@@ -296,22 +273,17 @@ class RLTrainer:
             # extra forward over the batch (as TRL with num_iterations=1); several passes
             # need them before the first step.
             old = [learner.engine.logprobs(mb).detach() for mb in mbs] if epochs > 1 else []
-        stats: dict[str, float] = {"rows": float(total_rows), "tokens": float(total_tokens)}
+        stats = dict(plan.stats)
         for epoch in range(epochs):
             sums: dict[str, float] = {}
             maxima: dict[str, float] = {}
-            for i, (mb, w, ref_lp) in enumerate(zip(mbs, weights, ref, strict=True)):
+            for i, (mb, w, tw, ref_lp) in enumerate(
+                zip(mbs, plan.weights, plan.token_weights, ref, strict=True)
+            ):
                 logp = learner.engine.logprobs(mb)
                 if epochs == 1:
                     old.append(logp.detach())
-                loss, s = policy_loss(
-                    logp,
-                    old[i],
-                    mb.advantages,
-                    mb.response_mask,
-                    self.loss_cfg,
-                    ref_logprobs=ref_lp,
-                )
+                loss, s = self._loss(mb, logp, old[i], ref_lp)
                 require_finite(
                     float(loss.detach()),
                     f"the RL loss of {'+'.join(sorted(learner.roles))}",
@@ -323,7 +295,7 @@ class RLTrainer:
                         if w > 0:
                             maxima[k] = max(maxima.get(k, float("-inf")), float(v))
                     elif k != "tokens":  # the batch's token count is already in stats
-                        sums[k] = sums.get(k, 0.0) + float(v) * w
+                        sums[k] = sums.get(k, 0.0) + float(v) * (tw if k in _TOKEN_STATS else w)
             # Each rank summed world x its share: the mean over ranks is the global value.
             stats.update({k: all_reduce_mean(v) for k, v in sorted(sums.items())})
             stats.update({k: all_reduce_max(maxima.get(k, 0.0)) for k in _MAX_STATS})
@@ -331,8 +303,73 @@ class RLTrainer:
             roles = "+".join(sorted(learner.roles))
             require_finite_weights(learner.engine.model, f"the {roles} model after its update")
             if epoch == 0:
-                stats["rollout_logprob_diff"] = _logprob_gap(mbs[:real], old[:real])
+                stats["rollout_logprob_diff"] = _logprob_gap(mbs[: plan.real], old[: plan.real])
         return stats
+
+    def _plan(self, learner: RoleLearner, train_rows: Sequence[TrainRow]) -> _Plan:
+        """This rank's micro-batches of `train_rows` (all ranks' rows), their weights in the
+        loss and in the token-mean stats, and the batch's counts."""
+        generations = sum(len(r.spans) for r in train_rows)
+        agg = self.cfg.algo.loss_agg_mode
+        rank, world = self.dist.rank, self.dist.world_size
+        # Length-sorted before the round-robin split, so every rank gets a similar token load.
+        ordered = sorted(train_rows, key=lambda r: r.length)
+        device = next(learner.engine.model.parameters()).device
+        t = self.cfg.train
+        mbs = [
+            mb.to(device)
+            for mb in make_micro_batches(
+                partition(ordered, rank, world),
+                t.micro_batch_rows,
+                learner.pad_id,
+                t.micro_batch_tokens,
+            )
+        ]
+        total_tokens = all_reduce_sum(sum(mb.num_tokens for mb in mbs))
+        # Weight of each micro-batch: world x its share of the global batch (DeepSpeed averages
+        # the ranks' gradients); filler micro-batches (equal counts for ZeRO) weigh 0.
+        token_weights = [world * mb.num_tokens / max(total_tokens, 1.0) for mb in mbs]
+        weights = (
+            [world * mb.num_generations / generations for mb in mbs]
+            if agg == "seq-mean-token-mean"
+            else list(token_weights)
+        )
+        real = len(mbs)
+        filler = mbs[0] if mbs else make_micro_batches(ordered[:1], 1, learner.pad_id)[0].to(device)
+        missing = int(all_reduce_max(len(mbs))) - len(mbs)
+        stats = {
+            "rows": float(generations),
+            "tokens": float(total_tokens),
+            "sequences": float(len(train_rows)),
+            # Tokens of one forward pass over the batch (all ranks, padding aside): what
+            # packing saves.
+            "update_tokens": all_reduce_sum(sum(int(mb.attention_mask.sum()) for mb in mbs)),
+        }
+        return _Plan(
+            [*mbs, *[filler] * missing],
+            weights + [0.0] * missing,
+            token_weights + [0.0] * missing,
+            real,
+            stats,
+        )
+
+    def _loss(
+        self,
+        mb: MicroBatch,
+        logp: torch.Tensor,
+        old: torch.Tensor,
+        ref: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's policy loss, per generation: (B, T) log-probs -> (G, L) spans."""
+        g = mb.generations
+        return policy_loss(
+            g.gather(logp),
+            g.gather(old),
+            g.advantages,
+            g.mask,
+            self.loss_cfg,
+            ref_logprobs=None if ref is None else g.gather(ref),
+        )
 
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
         if self.ref_model is None:
@@ -349,14 +386,42 @@ def _logprob_gap(mbs: Sequence[MicroBatch], old: Sequence[torch.Tensor]) -> floa
     total, count = 0.0, 0
     for mb, lp in zip(mbs, old, strict=True):
         for b, row in enumerate(mb.rows):
-            if not row.old_logprobs or row.extra_spans:
+            if not row.old_logprobs or len(row.old_logprobs) != row.num_trained:
                 continue
-            start, n = len(row.prompt_ids), len(row.response_ids)
-            mine = lp[b, start : start + n].float().cpu()
-            total += float((mine - torch.tensor(row.old_logprobs[:n])).abs().sum())
-            count += n
+            mine = torch.cat([lp[b, s:e] for s, e in row.spans]).float().cpu()
+            total += float((mine - torch.tensor(row.old_logprobs)).abs().sum())
+            count += row.num_trained
     count_all = all_reduce_sum(count)
     return all_reduce_sum(total) / count_all if count_all else 0.0
+
+
+def pack_trajectories(rows: Sequence[Row]) -> list[TrainRow]:
+    """Trainer rows of `rows` (in generation order within each trajectory): each trajectory's
+    caller generations packed where one extends the previous (see the module docstring);
+    simulator rows one each."""
+    callers: dict[str, list[TrainRow]] = {}
+    out: list[TrainRow] = []
+    for r in rows:
+        row = TrainRow(r.prompt_ids, r.response_ids, r.advantage, list(r.logprobs), str(r.role))
+        if r.role == Role.CALLER:
+            callers.setdefault(r.traj_id, []).append(row)
+        else:
+            out.append(row)
+    for group in callers.values():
+        out += pack_prefix_rows(group)
+    return out
+
+
+@dataclass
+class _Plan:
+    """One rank's share of an update: micro-batches (fillers last), the weight of each in the
+    loss and in the token-mean stats, how many are real (not fillers), and the batch's counts."""
+
+    mbs: list[MicroBatch]
+    weights: list[float]
+    token_weights: list[float]
+    real: int
+    stats: dict[str, float]
 
 
 def _rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:

@@ -34,7 +34,7 @@ from envace.config import Config
 from envace.errors import ConfigError, UserInputError
 from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
 from envace.policy.chat import ChatRenderer
-from envace.policy.hf_backend import TransformersBackend
+from envace.policy.hf_backend import TransformersBackend, resolve_dtype
 from envace.policy.types import SamplingParams
 from envace.report import text_table
 from envace.rollout.engine import RolloutConfig
@@ -427,12 +427,16 @@ def rl_stage(
     if resume_from is not None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(resume_from / "policy")
+        model = AutoModelForCausalLM.from_pretrained(
+            resume_from / "policy", dtype=resolve_dtype(cfg.model.dtype)
+        )
     sim_policy, sim_model = _simulator(cfg, model, tokenizer)
     if resume_from is not None and sim_model is not None:
         from transformers import AutoModelForCausalLM
 
-        sim_model = AutoModelForCausalLM.from_pretrained(resume_from / "simulator")
+        sim_model = AutoModelForCausalLM.from_pretrained(
+            resume_from / "simulator", dtype=resolve_dtype(cfg.model.dtype)
+        )
         sim_policy = model_policy(sim_model, tokenizer, cfg, trainable=True)
     vllm_dir = None
     if cfg.rollout.backend == "vllm":

@@ -62,6 +62,39 @@ def test_prefix_packing_trains_the_same_tokens(micro_model: Any) -> None:
     assert abs(float(lp.sum()) - want) < 1e-4
 
 
+def test_packing_keeps_each_spans_advantage_and_old_logprobs() -> None:
+    """RL packing: a, b (extends a), c (a context reset: its prompt differs at position 1) and a
+    simulator row d that extends b but is another role. a + b pack; c and d start new rows."""
+    a = TrainRow([1, 2, 3], [4, 5], 0.5, [-0.1, -0.2])
+    b = TrainRow([1, 2, 3, 4, 5, 6, 7], [8, 9], -1.0, [-0.3, -0.4])
+    c = TrainRow([1, 9, 3], [4], 2.0, [-0.5])
+    d = TrainRow([1, 2, 3, 4, 5, 6, 7, 8, 9], [10], 3.0, [-0.6], role="simulator")
+    ab, c2, d2 = pack_prefix_rows([a, b, c, d])
+    assert ab.spans == [(3, 5), (7, 9)] and ab.span_advantages == [0.5, -1.0]
+    assert ab.old_logprobs == [-0.1, -0.2, -0.3, -0.4]  # position order: a's span, then b's
+    assert c2 is c and d2 is d
+    # One row of logprobs known only in part: the packed row's are unknown, not misaligned.
+    partial = pack_prefix_rows([TrainRow([1, 2, 3], [4, 5], 0.5, []), b])[0]
+    assert partial.old_logprobs is None and partial.span_advantages == [0.5, -1.0]
+
+
+def test_the_generation_layout_puts_each_span_on_its_own_row() -> None:
+    """Rows ab (packed: spans [3, 5) and [7, 9), width 9) and c (span [3, 4)) collate to
+    (2, 9); the layout has 3 generations of at most 2 tokens, at flat positions b * 9 + t."""
+    ab = pack_prefix_rows(
+        [TrainRow([1, 2, 3], [4, 5], 0.5), TrainRow([1, 2, 3, 4, 5, 6, 7], [8, 9], -1.0)]
+    )[0]
+    mb = collate([ab, TrainRow([1, 9, 3], [4], None)], pad_id=0)
+    g = mb.generations
+    assert mb.num_generations == 3 and len(mb.rows) == 2
+    assert g.index.tolist() == [[3, 4], [7, 8], [12, 0]]
+    assert g.mask.tolist() == [[1, 1], [1, 1], [1, 0]]
+    assert g.advantages.tolist() == [0.5, -1.0, 0.0]  # unscored: 0
+    x = torch.arange(18.0).reshape(2, 9)
+    assert (g.gather(x) * g.mask).tolist() == [[3, 4], [7, 8], [12, 0]]
+    assert float(mb.response_mask.sum()) == float(g.mask.sum()) == 5
+
+
 def test_micro_batches_are_length_sorted_and_bounded() -> None:
     rows = [TrainRow([1] * n, [2]) for n in (9, 1, 5, 3, 7)]
     mbs = make_micro_batches(rows, micro_batch_rows=2, pad_id=0)

@@ -4,8 +4,9 @@ the torch engine on the same rows.
 
 What must hold: each rank rolls out its share of the tasks (ZeRO-3: with the weights gathered,
 each rank generating on its own) and every rank ends up with the same global rows; the update
-splits the rows unevenly (5 rows over 2 ranks: 2 micro-batches vs 1 + a zero-weight filler)
-and still gives exactly the one-process losses, gradient norm and weights. This file is also
+splits the rows unevenly (6 rows, one trajectory's 2 caller turns packed into one sequence: 5
+sequences over 2 ranks, 2 micro-batches vs 1 + a zero-weight filler) and still gives exactly
+the one-process losses, gradient norm and weights. This file is also
 the ranks' entry point (`python THIS worker ...`).
 """
 
@@ -36,7 +37,7 @@ SETS = [
     "train.ppo_epochs=2",
     "train.grad_clip=1.0",
 ]
-ADVANTAGES = [1.0, -0.5, 0.25, -1.0, 0.75]  # 5 rows: ranks get 3 and 2
+ADVANTAGES = [1.0, -0.5, 0.25, -1.0, 0.75, -0.25]  # 6 rows in 5 sequences: ranks get 3 and 2
 
 
 def _cfg(engine: str, stage: int | None = None) -> Any:
@@ -52,7 +53,7 @@ def _cfg(engine: str, stage: int | None = None) -> Any:
 
 
 def _update_rows(rows: list[Any]) -> list[Any]:
-    """The first 5 trainable rows with fixed advantages (a random model earns no reward)."""
+    """The first 6 trainable rows with fixed advantages (a random model earns no reward)."""
     chosen = [r for r in rows if r.trainable][: len(ADVANTAGES)]
     assert len(chosen) == len(ADVANTAGES), f"only {len(chosen)} trainable rows"
     for r, a in zip(chosen, ADVANTAGES, strict=True):
@@ -154,7 +155,8 @@ def test_two_ranks_roll_out_their_share_and_update_exactly_like_one_process(
         rows = pickle.loads((out / f"{name}.rows.pkl").read_bytes())
         assert [r.advantage for r in rows] == ADVANTAGES
         expected, model = _one_process_update(data, rows)
-        assert expected["policy/rows"] == got["stats"]["policy/rows"] == 5
+        assert expected["policy/rows"] == got["stats"]["policy/rows"] == 6
+        assert got["stats"]["policy/sequences"] == 5  # two caller turns packed
         assert expected.keys() == got["stats"].keys()
         for key, value in expected.items():
             assert got["stats"][key] == pytest.approx(value, rel=2e-4, abs=2e-5), (name, key)

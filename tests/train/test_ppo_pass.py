@@ -56,7 +56,7 @@ def test_one_pass_uses_its_own_forward_as_the_old_logprobs(tmp_path: Path) -> No
 
     engine1.logprobs = counting  # type: ignore[method-assign]
     stats = one.update(rows)
-    micro_batches = -(-int(stats["policy/rows"]) // 2)
+    micro_batches = -(-int(stats["policy/sequences"]) // 2)  # packed caller rows: 1 sequence
     assert calls["n"] == micro_batches  # no second pass over the batch
     assert stats["policy/rollout_logprob_diff"] < 1e-5  # sampled by these very weights
 
