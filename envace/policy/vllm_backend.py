@@ -60,8 +60,14 @@ class VLLMOptions:
 
     dtype: str = "auto"
     max_model_len: int | None = None
-    # GPU: share of device memory for weights + KV cache. CPU build: share of host memory.
+    # GPU: share of device memory for weights + KV cache. CPU build: share of host memory, and
+    # vLLM refuses to start when that much is not free (it depends on what else runs).
     gpu_memory_utilization: float = 0.85
+    # KV-cache size in bytes; None: what gpu_memory_utilization leaves. When set, vLLM sizes the
+    # cache to exactly this (gpu_memory_utilization no longer sizes it), so the engine starts
+    # the same however busy the machine is: use it on the CPU build. There, the environment
+    # variable VLLM_CPU_KVCACHE_SPACE (GiB), when set, overrides it.
+    kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False  # True skips CUDA-graph capture (faster start, slower decode)
     tensor_parallel_size: int = 1
     seed: int = 0
@@ -85,6 +91,13 @@ class VLLMOptions:
         util = opts.gpu_memory_utilization
         if not isinstance(util, int | float) or not 0 < util <= 1:
             raise ConfigError(f"{where}.gpu_memory_utilization: {util!r} must be in (0, 1]")
+        kv = opts.kv_cache_memory_bytes
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0):
+            raise ConfigError(
+                f"{where}.kv_cache_memory_bytes: {kv!r} must be a positive number of bytes "
+                "(e.g. 1073741824 for 1 GiB), or null to size the cache by "
+                "gpu_memory_utilization"
+            )
         return opts
 
     def engine_args(self) -> dict[str, Any]:
@@ -99,6 +112,8 @@ class VLLMOptions:
         }
         if self.max_model_len is not None:
             args["max_model_len"] = self.max_model_len
+        if self.kv_cache_memory_bytes is not None:
+            args["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         return {**args, **self.engine_kwargs}
 
 
@@ -246,8 +261,16 @@ class _WorkerClient:
             bufsize=1,
         )
         self._replies: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
-        self._wait("start", options.start_timeout_s)
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+        try:
+            self._wait("start", options.start_timeout_s)
+        except BaseException:
+            # No caller ever holds a client that failed to start, so nobody would close it: stop
+            # the worker and close its pipes and log now, not when the garbage collector finds
+            # them (ResourceWarnings raised in whatever runs then, e.g. a later test).
+            self.kill()
+            raise
 
     def _read(self, stream: IO[str] | None) -> None:
         assert stream is not None
@@ -296,6 +319,9 @@ class _WorkerClient:
         self._release()
 
     def _release(self) -> None:
+        # The worker has exited: the reader thread is at (or near) the pipe's end. Let it finish
+        # before closing stdout under it, which would fail its read.
+        self._reader.join(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):

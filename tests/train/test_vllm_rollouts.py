@@ -21,14 +21,14 @@ from envace import stages
 from envace.config import load_config
 from tests.helpers.micro import MICRO
 from tests.helpers.ranks import ROOT
-from tests.policy.test_vllm_backend import VLLM_PYTHON, needs_vllm
+from tests.policy.test_vllm_backend import KV_CACHE_BYTES, VLLM_PYTHON, needs_vllm
 
 VLLM = {
     "python": VLLM_PYTHON,
     "dtype": "float32",
     "max_model_len": 2048,
     "enforce_eager": True,
-    "gpu_memory_utilization": 0.04,  # of host memory, for the CPU build's KV cache
+    "kv_cache_memory_bytes": KV_CACHE_BYTES,  # fixed: starts however busy the machine is
     "env": {"OMP_NUM_THREADS": "1"},
     "start_timeout_s": 300,
     "request_timeout_s": 120,
