@@ -1,142 +1,413 @@
-"""Learning benchmark: the same warm start, then RL in each training mode, on held-out tasks.
+"""The controlled study of world rehearsal: one warm start per seed, then each RL mode from it.
 
-For every seed: generate tasks, build the tiny model, warm-start it once, then from that same
-checkpoint run RL with the same budget in each mode —
-  rehearsal  the policy writes every tool result (the method),
-  real       the real worlds execute the tools (upper bound),
-  external   a frozen copy of the warm-started policy writes the tool results,
-and compare with no RL at all (warm start only). Held-out success, valid-call rate and rehearsal
-fidelity are evaluated in the real worlds. Appends a Markdown table (mean ± std over seeds) with
-the command, machine and date to docs/benchmarks.md and writes a PNG.
+For every seed: generate the tasks, load the model, warm-start it once (the checkpoint is kept
+and reused by a rerun), then, from that same checkpoint and with the same tasks, budget and
+evaluation, run one cell per mode —
+  warm_start  no RL at all,
+  rehearsal   RL where the policy writes every tool result, shared weights (the method),
+  noshare     the same with one model per role (algo.sharing: noshare),
+  external    RL against a frozen simulator: the warm-started model itself, served behind the
+              external mode (the environment-scaling baseline),
+  real        RL in the real worlds (upper bound),
+and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
+cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
+per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
+rehearses, wall time).
 
-    python bench/learning.py --seeds 0 1 --set train.iterations=10
+Each finished cell is written to the results file at once (atomically), and a rerun skips the
+cells already there, so the study can be run in several sittings:
+
+    python bench/learning.py --seeds 0 1 2                       # the whole study
+    python bench/learning.py --seeds 0 --modes warm_start rehearsal --no-test-time
+
+`--report` (also done after every run) writes the table (mean ± std over seeds) and the PNG
+into docs/benchmarks.md from the results file alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as dt
 import json
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from envace.config import Config, load_config
-from envace.train.run import (
-    RunPaths,
-    evaluate_model,
-    init_model,
-    load_splits,
-    prepare_tasks,
-    rl_stage,
-    warm_start,
-)
-from envace.train.tracking import MetricsLogger
+from envace.tasks.io import atomic_write_text
 
-MODES = ("warm_start_only", "rehearsal", "real", "external")
-METRICS = ("success_rate", "valid_call_rate", "rehearsal_fidelity")
+MODES = ("warm_start", "rehearsal", "noshare", "external", "real")
+TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
+REHEARSAL = "parallel:4"
+SECTION = "## Learning study (bench/learning.py)"
 
 
-def _mean_std(xs: list[float]) -> str:
-    if not xs:
-        return "n/a"
-    if len(xs) == 1:
-        return f"{xs[0]:.3f}"
-    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
-
-
-def run_seed(base: Config, seed: int, out: Path, modes: list[str]) -> dict[str, dict[str, Any]]:
+# --- the cells ------------------------------------------------------------------------------------
+def mode_config(base: Config, mode: str) -> Config:
+    """The RL settings of a mode (warm_start: the base config, no RL)."""
     cfg = copy.deepcopy(base)
-    cfg.seed = cfg.tasks.seed = cfg.train.seed = seed
-    paths = RunPaths(out, str(out))
-    prepare_tasks(cfg, paths)
-    splits = load_splits(paths.tasks)
-    model, tok = init_model(cfg, splits, paths.checkpoints / "init")
-    warm_start(cfg, model, tok, splits)
-    results: dict[str, dict[str, Any]] = {}
-    for mode in modes:
-        t0 = time.perf_counter()
+    if mode == "noshare":
+        cfg.rollout.mode, cfg.algo.sharing = "rehearsal", "noshare"
+    elif mode in ("rehearsal", "external", "real"):
+        cfg.rollout.mode = mode  # type: ignore[assignment]
+    if mode == "external":
+        # The frozen simulator is the warm-started policy itself (run.py's default).
+        cfg.rollout.external_model = cfg.rollout.external_endpoint = None
+    return cfg
+
+
+def metrics_record(metrics: Any, seconds: float) -> dict[str, Any]:
+    m = metrics.to_dict()
+    return {
+        "success": m["success_rate"],
+        "per_turn_score": m["per_turn_score"],
+        "valid_call_rate": m["valid_call_rate"],
+        "fidelity_exact": m["rehearsal_fidelity"],
+        "fidelity_field": m["rehearsal_field_fidelity"],
+        "seconds": round(seconds, 1),
+        "metrics": m,
+    }
+
+
+class Study:
+    """Cells of one seed, sharing its tasks and warm start (loaded lazily, once)."""
+
+    def __init__(self, base: Config, seed: int, out: Path) -> None:
+        self.cfg = copy.deepcopy(base)
+        self.cfg.seed = self.cfg.tasks.seed = self.cfg.train.seed = seed
+        self.seed = seed
+        self.out = out
+        self._warm: tuple[Any, Any, Any] | None = None
+
+    def warm(self) -> tuple[Any, Any, Any]:
+        """(model, tokenizer, splits) after the warm start; the checkpoint is reused."""
+        if self._warm is not None:
+            return self._warm
+        from envace.policy.hf_backend import load_model_and_tokenizer
+        from envace.storage.artifacts import verify
+        from envace.storage.errors import ArtifactIntegrityError, ArtifactNotFoundError
+        from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks, warm_start
+
+        paths = RunPaths(self.out, str(self.out))
+        ckpt = paths.checkpoints / "warm_start"
+        try:
+            verify(str(paths.tasks))
+            verify(str(ckpt))
+            splits = load_splits(paths.tasks)
+            model, tok = load_model_and_tokenizer(ckpt, self.cfg.model.dtype)
+        except (ArtifactIntegrityError, ArtifactNotFoundError):
+            prepare_tasks(self.cfg, paths)
+            splits = load_splits(paths.tasks)
+            model, tok = init_model(self.cfg, splits, paths.checkpoints / "init")
+            t0 = time.perf_counter()
+            stats = warm_start(self.cfg, model, tok, splits)
+            stats["seconds"] = round(time.perf_counter() - t0, 1)
+            from envace.train.engine import TorchEngine
+
+            TorchEngine(model, 1.0).save_model(ckpt, tok)
+            atomic_write_text(ckpt / "warm_start.json", json.dumps(stats))
+            paths.commit(ckpt)
+        self._warm = (model, tok, splits)
+        return self._warm
+
+    def warm_start_stats(self) -> dict[str, Any]:
+        path = self.out / "checkpoints" / "warm_start" / "warm_start.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def policy_model(self, mode: str) -> tuple[Any, float]:
+        """The model a mode ends with (RL from the warm start) and the RL seconds."""
+        model, tok, splits = self.warm()
         m = copy.deepcopy(model)
-        if mode != "warm_start_only":
-            mcfg = copy.deepcopy(cfg)
-            mcfg.rollout.mode = mode  # type: ignore[assignment]
-            mpaths = RunPaths(out / mode, str(out / mode))
-            logger = MetricsLogger(out / mode, tensorboard=False)
-            m, _, _ = rl_stage(mcfg, mpaths, m, tok, splits, logger, None)
+        if mode == "warm_start":
+            return m, 0.0
+        from envace.train.run import RunPaths, rl_stage
+        from envace.train.tracking import MetricsLogger
+
+        cfg = mode_config(self.cfg, mode)
+        folder = self.out / mode
+        logger = MetricsLogger(folder, tensorboard=False)
+        t0 = time.perf_counter()
+        try:
+            m, _, _ = rl_stage(cfg, RunPaths(folder, str(folder)), m, tok, splits, logger, None)
+        finally:
             logger.close()
-        res = evaluate_model(m, tok, cfg, splits.test, mode).metrics
-        results[mode] = {k: getattr(res, k) for k in METRICS} | {
-            "seconds": time.perf_counter() - t0
-        }
-        print(json.dumps({"seed": seed, "mode": mode, **results[mode]}), flush=True)
-    return results
+        return m, time.perf_counter() - t0
+
+    def evaluate(self, model: Any, rehearsal: str | None = None) -> tuple[Any, float]:
+        from envace.evaluate.benchmarks import rehearse_synthetic
+        from envace.evaluate.rehearsal import parse_rehearsal
+        from envace.train.run import evaluate_model, model_policy, rollout_config
+
+        _, tok, splits = self.warm()
+        cfg = self.cfg
+        tasks = list(splits.test[: cfg.eval.max_tasks] if cfg.eval.max_tasks else splits.test)
+        t0 = time.perf_counter()
+        if rehearsal is None:
+            result = evaluate_model(model, tok, cfg, tasks, "study")
+        else:
+            _, result = rehearse_synthetic(
+                model_policy(model, tok, cfg, trainable=False),
+                tasks,
+                rollout_config(cfg, eval_mode=True),
+                parse_rehearsal(rehearsal),
+                probe_fidelity=cfg.eval.probe_fidelity,
+                n=cfg.eval.n,
+                seed=self.seed,
+                progress=True,
+            )
+        return result.metrics, time.perf_counter() - t0
 
 
-def table(all_results: list[dict[str, dict[str, Any]]], modes: list[str]) -> str:
+# --- the results file ---------------------------------------------------------------------------
+def load_results(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {"cells": {}}
+    data: dict[str, Any] = json.loads(path.read_text())
+    data.setdefault("cells", {})
+    return data
+
+
+def cell_key(kind: str, name: str, seed: int) -> str:
+    return f"{kind}/{name}/seed{seed}"
+
+
+def summarize(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """The study's headline shape, per seed in `seeds` (null where a cell has not run)."""
+    cells = data["cells"]
+
+    def col(kind: str, name: str, key: str) -> list[Any]:
+        return [cells.get(cell_key(kind, name, s), {}).get(key) for s in seeds]
+
+    data["seeds"] = seeds
+    data["modes"] = {
+        m: {"success": col("mode", m, "success"), "fidelity": col("mode", m, "fidelity_field")}
+        for m in MODES
+    }
+    data["test_time"] = {
+        p: {"plain": col("mode", p, "success"), "parallel4": col("test_time", p, "success")}
+        for p in TEST_TIME
+    }
+    return data
+
+
+def save(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def run_cells(
+    base: Config,
+    seeds: list[int],
+    modes: list[str],
+    test_time: bool,
+    out: Path,
+    results: Path,
+    on_cell: Callable[[str, dict[str, Any]], None] = lambda key, rec: None,
+) -> dict[str, Any]:
+    data = load_results(results)
+    todo = [(s, "mode", m) for s in seeds for m in modes]
+    if test_time:
+        todo += [(s, "test_time", p) for s in seeds for p in TEST_TIME if p in modes]
+    todo.sort(key=lambda item: item[0])  # one seed's cells together: one warm start loaded
+    pending = [t for t in todo if cell_key(t[1], t[2], t[0]) not in data["cells"]]
+    skipped = len(todo) - len(pending)
+    if skipped:
+        print(f"{skipped} finished cell(s) in {results}: skipped", flush=True)
+    studies: dict[int, Study] = {}
+    for seed, kind, name in tqdm(pending, desc="study cells", unit="cell"):
+        study = studies.setdefault(seed, Study(base, seed, out / f"seed{seed}"))
+        t0 = time.perf_counter()
+        if kind == "mode":
+            model, rl_s = study.policy_model(name)
+            metrics, eval_s = study.evaluate(model)
+        else:  # the mode's trained policy, kept by its cell, with private rehearsal first
+            model = load_trained(study, name)
+            rl_s = 0.0
+            metrics, eval_s = study.evaluate(model, REHEARSAL)
+        rec = metrics_record(metrics, time.perf_counter() - t0)
+        rec |= {"rl_seconds": round(rl_s, 1), "eval_seconds": round(eval_s, 1)}
+        if kind == "mode" and name != "warm_start":
+            save_trained(study, name, model)
+        key = cell_key(kind, name, seed)
+        data["cells"][key] = rec
+        data["warm_start"] = data.get("warm_start", {}) | {str(seed): study.warm_start_stats()}
+        save(results, summarize(data, seeds))
+        on_cell(key, rec)
+        print(json.dumps({"cell": key, **{k: v for k, v in rec.items() if k != "metrics"}}))
+    return summarize(data, seeds)
+
+
+def _trained_dir(study: Study, mode: str) -> Path:
+    return study.out / mode / "policy"
+
+
+def save_trained(study: Study, mode: str, model: Any) -> None:
+    """Keep the mode's trained policy, so its test-time cell can run in a later sitting."""
+    from envace.storage.artifacts import commit_dir
+    from envace.train.engine import TorchEngine
+
+    _, tok, _ = study.warm()
+    folder = _trained_dir(study, mode)
+    TorchEngine(model, 1.0).save_model(folder, tok)
+    commit_dir(folder, str(folder))
+
+
+def load_trained(study: Study, mode: str) -> Any:
+    from envace.policy.hf_backend import load_model_and_tokenizer
+
+    if mode == "warm_start":
+        return copy.deepcopy(study.warm()[0])
+    folder = _trained_dir(study, mode)
+    if not (folder / "MANIFEST.json").is_file():
+        raise SystemExit(f"{folder}: the {mode} cell has not run yet; run it first")
+    model, _ = load_model_and_tokenizer(folder, study.cfg.model.dtype)
+    return model
+
+
+# --- the report ---------------------------------------------------------------------------------
+def mean_std(xs: list[Any]) -> str:
+    vals = [float(x) for x in xs if x is not None]
+    if not vals:
+        return "n/a"
+    if len(vals) == 1:
+        return f"{vals[0]:.3f} (1 seed)"
+    return f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f} ({len(vals)})"
+
+
+def table(data: dict[str, Any]) -> str:
+    cells, seeds = data["cells"], data["seeds"]
+    keys = (
+        ("success", "success"),
+        ("per_turn_score", "per-turn score"),
+        ("valid_call_rate", "valid calls"),
+        ("fidelity_exact", "fidelity exact"),
+        ("fidelity_field", "fidelity field"),
+        ("seconds", "wall s (RL + eval)"),
+    )
     lines = [
-        "| mode | " + " | ".join(METRICS) + " | mode wall s (RL + eval) |",
-        "|---|" + "---|" * (len(METRICS) + 1),
+        "| cell | " + " | ".join(label for _, label in keys) + " |",
+        "|---|" + "---|" * len(keys),
     ]
-    for mode in modes:
-        cells = []
-        for k in (*METRICS, "seconds"):
-            xs = [r[mode][k] for r in all_results if r[mode].get(k) is not None]
-            cells.append(_mean_std([float(x) for x in xs]))
-        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    rows = [("mode", m, m) for m in MODES] + [
+        ("test_time", p, f"{p} + {REHEARSAL}") for p in TEST_TIME
+    ]
+    for kind, name, label in rows:
+        recs = [cells.get(cell_key(kind, name, s)) for s in seeds]
+        if not any(recs):
+            continue
+        vals = [mean_std([r.get(k) if r else None for r in recs]) for k, _ in keys]
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
 
-def plot(all_results: list[dict[str, dict[str, Any]]], modes: list[str], path: Path) -> None:
+def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    for i, mode in enumerate(modes):
-        xs = [r[mode]["success_rate"] or 0.0 for r in all_results]
-        ax.bar(i, statistics.mean(xs), yerr=statistics.stdev(xs) if len(xs) > 1 else 0, capsize=4)
+    cells, seeds = data["cells"], data["seeds"]
+    labels = [*MODES, *(f"{p}\n+{REHEARSAL}" for p in TEST_TIME)]
+    keys = [("mode", m) for m in MODES] + [("test_time", p) for p in TEST_TIME]
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=120)
+    for i, (kind, name) in enumerate(keys):
+        xs = [
+            cells[cell_key(kind, name, s)]["success"] or 0.0
+            for s in seeds
+            if cell_key(kind, name, s) in cells
+        ]
+        if not xs:
+            continue
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        ax.bar(i, statistics.mean(xs), yerr=sd, capsize=4, color="C0" if kind == "mode" else "C1")
         ax.scatter([i] * len(xs), xs, color="k", s=10, zorder=3)
-    ax.set_xticks(range(len(modes)), modes)
-    ax.set_ylabel("held-out success rate")
-    ax.set_title("Training modes, same warm start and budget")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{data.get('model', '')}: same warm start, tasks, budget and evaluation")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
 
 
+def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> None:
+    """Replace the study's section of `doc` (or append it) with the table and the plot."""
+    png = doc.parent / "img" / "learning.png"
+    plot(data, png)
+    section = (
+        f"{SECTION}\n\n"
+        f"Updated {dt.date.today().isoformat()}; machine: {label} ({platform.machine()}, "
+        f"Python {platform.python_version()}); model {data.get('model')}; seeds "
+        f"{data['seeds']}. Command: `{command}`. Mean ± std over the seeds that ran (count in "
+        "brackets); raw per-seed values in `bench/results/learning.json`.\n\n"
+        f"{table(data)}\n\n![learning study]({png.relative_to(doc.parent).as_posix()})\n"
+    )
+    text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Benchmarks\n"
+    start = text.find(SECTION)
+    if start >= 0:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    atomic_write_text(doc, text)
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> str:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                return first_difference(old.get(key), new.get(key), f"{path}.{key}".lstrip("."))
+    return f"{path or '<root>'}: {old!r} there, {new!r} now"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", default="configs/local.yaml")
+    p.add_argument("--config", default="configs/study.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--out", type=Path, default=Path("runs/bench-learning"))
+    p.add_argument("--no-test-time", dest="test_time", action="store_false")
+    p.add_argument("--out", type=Path, default=Path("runs/study"))
+    p.add_argument("--results", type=Path, default=Path("bench/results/learning.json"))
     p.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
-    p.add_argument("--label", default="CPU, 2 cores (CI machine kind)")
+    p.add_argument("--label", default="CPU, 2 cores (the CI machine kind)")
+    p.add_argument("--report", action="store_true", help="only rewrite the table and the plot")
     args = p.parse_args(argv)
     base = load_config(args.config, args.overrides)
-    results = [run_seed(base, s, args.out / f"seed{s}", args.modes) for s in args.seeds]
-    md = table(results, args.modes)
-    png = args.doc.parent / "img" / "learning.png"
-    plot(results, args.modes, png)
-    cmd = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    section = (
-        f"\n## Learning benchmark — {dt.date.today().isoformat()}, {args.label}\n\n"
-        f"Command: `{cmd}` (config `{args.config}`, seeds {args.seeds}); machine: "
-        f"{platform.machine()}, {platform.python_version()}.\n\n{md}\n\n![learning]({png.relative_to(args.doc.parent)})\n"
-    )
-    print(md)
-    with args.doc.open("a", encoding="utf-8") as f:
-        f.write(section)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    command = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.report:
+        data = summarize(load_results(args.results), args.seeds)
+    else:
+        data = load_results(args.results)
+        model = base.model.path or base.model.preset
+        if data.get("model") not in (None, model):
+            raise SystemExit(
+                f"{args.results} holds cells of model {data['model']!r}, not {model!r}: give"
+                " another --results file"
+            )
+        config = json.loads(json.dumps(dataclasses.asdict(base)))
+        if data.get("config") not in (None, config):
+            diff = first_difference(data["config"], config)
+            raise SystemExit(
+                f"{args.results} holds cells run with another config ({diff}); a study compares"
+                " cells of one budget: give another --results file (and --out)"
+            )
+        data |= {"model": model, "config": config}
+        save(args.results, data)
+        data = run_cells(base, args.seeds, args.modes, args.test_time, args.out, args.results)
+    write_report(data, args.doc, command, args.label)
+    print(table(data))
     return 0
 
 

@@ -1,10 +1,13 @@
-"""The learning benchmark's CPU mode runs end to end on a micro model and reports every mode."""
+"""The learning study (bench/learning.py) on a micro model: every mode from one warm start,
+test-time rehearsal, the results file's shape, cells saved at once and skipped on a rerun."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -13,35 +16,110 @@ from tests.helpers.micro import MICRO
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_learning_bench_writes_a_table_and_plot(tmp_path: Path) -> None:
+def _bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    doc = tmp_path / "benchmarks.md"
-    doc.write_text("# Benchmarks\n")
+    return bench
+
+
+def _args(tmp_path: Path, *extra: str) -> list[str]:
     args = [
-        "--seeds",
-        "0",
-        "--modes",
-        "warm_start_only",
-        "rehearsal",
+        "--config",
+        str(ROOT / "configs" / "local.yaml"),
         "--out",
         str(tmp_path / "o"),
+        "--results",
+        str(tmp_path / "learning.json"),
         "--doc",
-        str(doc),
+        str(tmp_path / "benchmarks.md"),
+        *extra,
     ]
-    for kv in [*MICRO, "train.iterations=1"]:
+    for kv in [
+        *MICRO,
+        "train.iterations=1",
+        "train.trainable=full",
+        "train.top_layers=null",
+        "model.dtype=float32",
+    ]:
         args += ["--set", kv]
-    assert bench.main(args) == 0
-    text = doc.read_text()
-    assert (
-        "| warm_start_only |" in text
-        and "| rehearsal |" in text
-        and "Command: `python bench/learning.py" in text
-    )
+    return args
+
+
+@pytest.mark.slow
+def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench()
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    assert bench.main(_args(tmp_path, "--seeds", "0", "--modes", "warm_start", "rehearsal")) == 0
+    data: dict[str, Any] = json.loads((tmp_path / "learning.json").read_text())
+    assert data["model"] == "test-micro" and data["seeds"] == [0]
+    assert set(data["modes"]) == {"warm_start", "rehearsal", "noshare", "external", "real"}
+    for mode in ("warm_start", "rehearsal"):
+        (success,) = data["modes"][mode]["success"]
+        assert 0.0 <= success <= 1.0
+    assert data["modes"]["real"]["success"] == [None]  # not run: null, not a made-up 0
+    assert set(data["test_time"]) == {"warm_start", "rehearsal"}
+    for policy in ("warm_start", "rehearsal"):
+        assert data["test_time"][policy]["plain"] == data["modes"][policy]["success"]
+        (p4,) = data["test_time"][policy]["parallel4"]
+        assert 0.0 <= p4 <= 1.0
+    cell = data["cells"]["mode/rehearsal/seed0"]
+    assert cell["rl_seconds"] > 0 and cell["seconds"] >= cell["rl_seconds"]
+    assert {"per_turn_score", "valid_call_rate", "fidelity_exact", "fidelity_field"} <= set(cell)
+    assert (tmp_path / "o" / "seed0" / "checkpoints" / "warm_start" / "MANIFEST.json").is_file()
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "## Learning study (bench/learning.py)" in doc and "| rehearsal |" in doc
+    assert "| warm_start + parallel:4 |" in doc and "kept" in doc
     assert (tmp_path / "img" / "learning.png").read_bytes()[:4] == b"\x89PNG"
-    results = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert set(results[0]) == {"warm_start_only", "rehearsal"}
-    assert 0.0 <= results[0]["rehearsal"]["success_rate"] <= 1.0
+
+    # A rerun with one more mode runs only that cell: the warm start is loaded, not redone.
+    import envace.train.run as run
+
+    def no_warm_start(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the kept warm-start checkpoint should be reused")
+
+    monkeypatch.setattr(run, "warm_start", no_warm_start)
+    capsys.readouterr()
+    args = _args(tmp_path, "--seeds", "0", "--modes", "warm_start", "rehearsal", "real")
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "4 finished cell(s)" in out and '"cell": "mode/real/seed0"' in out
+    again = json.loads((tmp_path / "learning.json").read_text())
+    assert again["cells"]["mode/rehearsal/seed0"] == cell  # finished cells untouched
+    assert again["modes"]["real"]["success"][0] is not None
+    assert doc.count("## Learning study") == 1
+
+
+def test_a_results_file_of_another_config_is_refused(tmp_path: Path) -> None:
+    bench = _bench()
+    import dataclasses
+
+    from envace.config import load_config
+
+    args = _args(tmp_path, "--seeds", "0", "--modes", "warm_start")
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    config = dataclasses.asdict(load_config(ROOT / "configs" / "local.yaml", sets))
+    config["train"]["lr"] = 0.5
+    results = tmp_path / "learning.json"
+    stored = {"model": "test-micro", "config": config, "cells": {"mode/warm_start/seed0": {}}}
+    results.write_text(json.dumps(stored))
+    with pytest.raises(SystemExit, match=r"another config \(train\.lr: 0\.5 there, 0\.001 now\)"):
+        bench.main(args)
+    assert json.loads(results.read_text()) == stored  # nothing overwritten
+
+
+def test_mode_settings() -> None:
+    bench = _bench()
+    from envace.config import load_config
+
+    base = load_config(ROOT / "configs" / "local.yaml", MICRO)
+    noshare = bench.mode_config(base, "noshare")
+    assert (noshare.rollout.mode, noshare.algo.sharing) == ("rehearsal", "noshare")
+    ext = bench.mode_config(base, "external")
+    assert ext.rollout.mode == "external" and ext.rollout.external_model is None
+    assert bench.mode_config(base, "real").rollout.mode == "real"
+    assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"
+    assert bench.mean_std([None]) == "n/a"
