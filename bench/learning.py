@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", default="configs/study.yaml")
+    p.add_argument("--config", default="configs/local.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)

@@ -66,6 +66,9 @@ def ensure_cpu_image() -> str:
 # configs/local.yaml shrunk to a run of seconds: same stages, tiny sizes.
 SMOKE_OVERRIDES = {
     "model.preset": "test-micro",
+    "model.dtype": "float32",
+    "train.trainable": "full",
+    "train.top_layers": None,
     "tasks.n_train": 8,
     "tasks.n_test": 4,
     "rollout.n": 2,
