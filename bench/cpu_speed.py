@@ -140,23 +140,14 @@ def prepare(args: argparse.Namespace, model_dir: Path, tmp: Path) -> Inputs:
     from envace.policy.chat import ChatRenderer
     from envace.policy.hf_backend import resolve_dtype
     from envace.tasks.generate import write_splits
-    from envace.train.run import load_splits, rollout_config
-    from envace.train.sft import build_sft_rows
+    from envace.train.run import load_splits, warm_start_rows
 
     cfg = load_config(args.config, args.set)
     write_splits(tmp / "tasks", args.tasks, 0, cfg.tasks.seed)
     splits = load_splits(tmp / "tasks")
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir), cfg.model.enable_thinking)
     w = cfg.warm_start
-    rows, _ = build_sft_rows(
-        splits.train, splits.gold, renderer, rollout_config(cfg), w.grounding_dropout, cfg.seed
-    )
-    rows = [r for r in rows if r.length <= w.max_tokens]
-    if not rows:
-        raise UserInputError(
-            f"{args.tasks} task(s) gave no warm-start rows of at most warm_start.max_tokens="
-            f"{w.max_tokens} tokens with {model_dir}'s tokenizer; raise --tasks or the limits"
-        )
+    rows, _ = warm_start_rows(cfg, renderer, splits)
     prompts = caller_prompts(rows, 2 * args.batch)
     return Inputs(
         model_dir=model_dir,

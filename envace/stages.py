@@ -76,7 +76,6 @@ from envace.storage.errors import (
 )
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_key, join_uri, parse_uri
-from envace.train.adapters import Trainable
 from envace.train.distributed import dist_info
 from envace.train.engine import TorchEngine, TrainingEngine, load_trainer_state
 from envace.train.rl import RLTrainer, RoleLearner
@@ -90,6 +89,7 @@ from envace.train.run import (
     model_policy,
     prepare_tasks,
     require_data_parallel,
+    rl_torch_engine,
     rollout_config,
     rollout_policy,
 )
@@ -422,17 +422,7 @@ def _simulator(cfg: Config, ckpt: _Checkpoint, scratch: Path) -> tuple[Policy | 
 
 def _torch_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
     t = cfg.train
-    steps = max(1, horizon * t.ppo_epochs)
-    return TorchEngine(
-        model,
-        t.lr,
-        t.weight_decay,
-        t.grad_clip,
-        t.lr_schedule,
-        t.warmup_iterations,
-        steps,
-        trainable=Trainable.from_config(cfg),
-    )
+    return rl_torch_engine(cfg, model, max(1, horizon * t.ppo_epochs))
 
 
 def _deepspeed_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:

@@ -43,6 +43,7 @@ from envace.rollout.policies import ModelPolicy, Policy
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
 from envace.train.adapters import Trainable
+from envace.train.batch import TrainRow
 from envace.train.distributed import (
     DistInfo,
     barrier,
@@ -262,8 +263,11 @@ def evaluate_model(
 
 
 # --- stages -----------------------------------------------------------------------------------
-def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> dict[str, Any]:
-    renderer = ChatRenderer(tokenizer, cfg.model.enable_thinking)
+def warm_start_rows(
+    cfg: Config, renderer: ChatRenderer, splits: TaskSplits
+) -> tuple[list[TrainRow], int]:
+    """The warm start's rows (caller turns packed) of at most `warm_start.max_tokens` tokens,
+    and the number of gold conversations that did not replay; a clear error when none is left."""
     w = cfg.warm_start
     rows, broken = build_sft_rows(
         splits.train, splits.gold, renderer, rollout_config(cfg), w.grounding_dropout, cfg.seed
@@ -280,7 +284,13 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
             " rollout.max_context_tokens; check that tasks.gold_file matches the train tasks'"
             " ids, raise those limits, or set warm_start.enabled=false"
         )
-    rows = kept
+    return kept, broken
+
+
+def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> dict[str, Any]:
+    renderer = ChatRenderer(tokenizer, cfg.model.enable_thinking)
+    w = cfg.warm_start
+    rows, broken = warm_start_rows(cfg, renderer, splits)
     steps = sft_steps(len(rows), w.epochs, w.batch_rows)
     engine = TorchEngine(
         model,
@@ -342,7 +352,13 @@ def _engine(cfg: Config, model: Any) -> TrainingEngine:
         from envace.train.deepspeed_engine import enable_activation_checkpointing
 
         enable_activation_checkpointing(model)
-    steps = max(1, t.iterations * t.ppo_epochs)
+    return rl_torch_engine(cfg, model, max(1, t.iterations * t.ppo_epochs))
+
+
+def rl_torch_engine(cfg: Config, model: Any, total_steps: int) -> TorchEngine:
+    """The RL optimizer on one process: train.lr and its schedule over `total_steps` optimizer
+    steps, training what train.trainable says."""
+    t = cfg.train
     return TorchEngine(
         model,
         t.lr,
@@ -350,7 +366,7 @@ def _engine(cfg: Config, model: Any) -> TrainingEngine:
         t.grad_clip,
         t.lr_schedule,
         t.warmup_iterations,
-        steps,
+        total_steps,
         trainable=Trainable.from_config(cfg),
     )
 
