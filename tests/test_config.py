@@ -18,6 +18,13 @@ def test_shipped_configs_load(name: str) -> None:
     assert cfg.rollout.n >= 1
 
 
+def test_the_laptop_config_trains_the_embedded_pretrained_model() -> None:
+    cfg = load_config(ROOT / "configs" / "local.yaml")
+    assert cfg.model.path is None and cfg.model.preset == "smollm2-135m"
+    assert cfg.model.dtype == "auto" and cfg.rollout.tool_schemas == "compact"
+    assert cfg.train.trainable == "top_layers" and cfg.train.top_layers == 12
+
+
 def test_reference_config_matches_the_paper_setup() -> None:
     cfg = load_config(ROOT / "configs" / "reference-8b.yaml")
     assert cfg.model.path == "Qwen/Qwen3-8B"
