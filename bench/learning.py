@@ -341,7 +341,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> None:
     """Replace the study's section of `doc` (or append it) with the table and the plot."""
-    png = doc.parent / "img" / "learning.png"
+    png = doc.parent / "img" / "learning-study.png"
     plot(data, png)
     section = (
         f"{SECTION}\n\n"

@@ -8,8 +8,10 @@ times, and whether the outputs were the same. Prints a table, writes JSON and a 
 
     python bench/rollout.py --checkpoint runs/local/checkpoints/final --tasks-dir runs/local/tasks
 
-Without --checkpoint the config's model is built from scratch (random weights: episodes end
-early, so only the rollouts of a task share prompts).
+Without --checkpoint the config's initial model is used, as `envace run` builds it: with
+configs/local.yaml the pretrained SmolLM2, not trained on the tasks; with a tiny preset a model
+built from scratch (random weights: episodes end early, so only the rollouts of a task share
+prompts).
 """
 
 from __future__ import annotations

@@ -461,7 +461,7 @@ def _make_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
 @dataclass(frozen=True)
 class Prepared:
     tasks_uri: str  # train.jsonl, test.jsonl, gold_train.jsonl
-    checkpoint_uri: str  # the initial policy: the committed tiny model, or `model.path`
+    checkpoint_uri: str  # the initial policy: the committed `model.preset` model, or `model.path`
 
 
 def prepare(cfg: Config, store: str) -> Prepared:

@@ -55,6 +55,19 @@ def register(sub: Any) -> None:
         default=8,
         help="caller generations per user turn (multi-turn; BFCL single-turn entries get 1)",
     )
+    p.add_argument(
+        "--tool-schemas",
+        choices=["full", "compact"],
+        default="full",
+        help="tool schemas the caller and the simulator see (a run's rollout.tool_schemas: "
+        "evaluate a checkpoint with the setting it was trained with; configs/local.yaml: compact)",
+    )
+    p.add_argument(
+        "--sim-whitelist",
+        choices=["schemas", "names"],
+        default="schemas",
+        help="the simulator prompt's tool whitelist (a run's rollout.sim_whitelist)",
+    )
     p.add_argument("--no-fidelity", action="store_true", help="skip the rehearsal-fidelity probes")
     p.add_argument("--skip-invalid", action="store_true", help="skip malformed tasks (reported)")
     _add_rehearsal_flags(p)
@@ -138,6 +151,8 @@ def _rollout_config(args: argparse.Namespace) -> Any:
         max_steps_per_turn=args.max_steps_per_turn,
         max_context_tokens=args.max_context_tokens,
         max_sim_prompt_tokens=args.max_context_tokens,
+        sim_whitelist=args.sim_whitelist,
+        tool_schemas=args.tool_schemas,
     )
 
 

@@ -175,7 +175,8 @@ def tokenizer_corpus(cfg: Config, splits: TaskSplits) -> list[str]:
 
 
 def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any]:
-    """The configured checkpoint, or the embedded tiny model with a tokenizer trained here."""
+    """The configured checkpoint (`model.path`), else the `model.preset` model, saved to
+    `out_dir`: SmolLM2 from its cached conversion, or a tiny model with a tokenizer trained here."""
     from envace.policy.hf_backend import load_model_and_tokenizer
     from envace.policy.tiny import (
         build_tiny_model,
@@ -630,7 +631,7 @@ def _broadcast_weights(model: Any) -> None:
 def _initial_model(
     cfg: Config, paths: RunPaths, splits: TaskSplits, info: DistInfo
 ) -> tuple[Any, Any]:
-    """The configured or tiny model; a node's first process builds and saves the tiny one."""
+    """The configured or preset model; a node's first process builds and saves the preset one."""
     from envace.policy.hf_backend import load_model_and_tokenizer
 
     init_dir = paths.checkpoints / "init"

@@ -73,7 +73,7 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     doc = (tmp_path / "benchmarks.md").read_text()
     assert "## Learning study (bench/learning.py)" in doc and "| rehearsal |" in doc
     assert "| warm_start + parallel:4 |" in doc and "kept" in doc
-    assert (tmp_path / "img" / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "img" / "learning-study.png").read_bytes()[:4] == b"\x89PNG"
 
     # A rerun with one more mode runs only that cell: the warm start is loaded, not redone.
     import envace.train.run as run

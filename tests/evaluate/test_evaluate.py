@@ -186,3 +186,19 @@ def test_a_missing_or_corrupt_checkpoint_exits_2_naming_it(
     err = capsys.readouterr().err
     assert f"cannot load the checkpoint {ckpt}" in err and "re-download" in err
     assert "Traceback" not in err
+
+
+def test_evaluate_takes_the_runs_prompt_settings() -> None:
+    """`envace evaluate` can show a checkpoint the prompts it was trained with."""
+    import argparse
+
+    from envace.evaluate import cli as evaluate_cli
+
+    parser = argparse.ArgumentParser()
+    evaluate_cli.register(parser.add_subparsers())
+    base = ["evaluate", "--policy", "oracle", "--out", "o"]
+    default = evaluate_cli._rollout_config(parser.parse_args(base))
+    assert (default.tool_schemas, default.sim_whitelist) == ("full", "schemas")
+    args = parser.parse_args([*base, "--tool-schemas", "compact", "--sim-whitelist", "names"])
+    cfg = evaluate_cli._rollout_config(args)
+    assert (cfg.tool_schemas, cfg.sim_whitelist) == ("compact", "names")
