@@ -388,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.report:
         data = summarize(load_results(args.results), args.seeds)
+        save(args.results, data)
     else:
         data = load_results(args.results)
         model = base.model.path or base.model.preset
