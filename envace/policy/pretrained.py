@@ -30,8 +30,10 @@ __all__ = [
     "SMOLLM2_GGUF",
     "cache_root",
     "convert_gguf",
+    "describe",
     "ensure_gguf_checkpoint",
     "ensure_smollm2",
+    "is_gguf_path",
     "locate_smollm2_gguf",
     "tool_chat_template",
 ]
