@@ -267,7 +267,12 @@ def load_trained(study: Study, mode: str) -> Any:
         return copy.deepcopy(study.warm()[0])
     folder = _trained_dir(study, mode)
     if not (folder / "MANIFEST.json").is_file():
-        raise SystemExit(f"{folder}: the {mode} cell has not run yet; run it first")
+        # The mode's cell ran in another run folder (an earlier sitting on another machine):
+        # train the policy again, from the same warm start, seed and budget, and keep it.
+        print(f"{folder}: no kept {mode} policy; training it again for its test-time cell")
+        model, _ = study.policy_model(mode)
+        save_trained(study, mode, model)
+        return model
     model, _ = load_model_and_tokenizer(folder, study.cfg.model.dtype)
     return model
 
