@@ -21,7 +21,6 @@ from typing import Any
 from envace.evaluate.bfcl.adapter import (
     BfclEpisode,
     CategoryScore,
-    bfcl_rollout_config,
     run_bfcl,
     summarize_bfcl,
 )
@@ -30,10 +29,9 @@ from envace.evaluate.metrics import summarize
 from envace.evaluate.rehearsal import (
     RehearsalConfig,
     RehearsalOutcome,
-    apply_memories,
+    TurnRehearsal,
     attempt_lines,
     rehearsal_gain,
-    rehearse,
 )
 from envace.evaluate.report import trajectory_record
 from envace.evaluate.runner import EvalResult, evaluate_policy
@@ -200,18 +198,20 @@ def rehearse_synthetic(
     seed: int = 0,
     progress: bool = False,
 ) -> tuple[RehearsalOutcome, EvalResult]:
-    """The rehearsal half of `run_synthetic`: rehearse every task privately, then execute it
-    again, in its real world, with the notes (the same tasks, `cfg`, `n` as the baseline)."""
-    outcome = rehearse(policy, tasks, cfg, rehearsal, seed=seed, progress=progress)
+    """The rehearsal half of `run_synthetic`: execute every task again in its real world,
+    rehearsing each turn privately before committing to it (the same tasks, `cfg`, `n` as the
+    baseline)."""
+    hook = TurnRehearsal(policy, rehearsal, seed=seed, progress=progress)
     rehearsed = evaluate_policy(
         policy,
-        apply_memories(tasks, outcome),
+        tasks,
         cfg,
         probe_fidelity=probe_fidelity,
         n=n,
         progress=progress,
+        before_turn=hook,
     )
-    return outcome, rehearsed
+    return hook.outcome, rehearsed
 
 
 def _world(task: Task) -> str:
@@ -260,26 +260,6 @@ class BfclRun:
     outcome: RehearsalOutcome | None = None
 
 
-def _rehearse_bfcl(
-    policy: Policy,
-    tasks: Sequence[Task],
-    cfg: RolloutConfig,
-    rcfg: RehearsalConfig,
-    seed: int,
-    progress: bool,
-) -> RehearsalOutcome:
-    # single-turn and multi-turn entries rehearse with the step limits of their real execution
-    merged = RehearsalOutcome(rcfg, {})
-    for multi in (False, True):
-        group = [t for t in tasks if bool(t.meta.get("multi_turn")) is multi]
-        if group:
-            part = rehearse(
-                policy, group, bfcl_rollout_config(cfg, multi), rcfg, seed=seed, progress=progress
-            )
-            merged.tasks.update(part.tasks)
-    return merged
-
-
 def run_bfcl_benchmark(
     policy: Policy,
     tasks: Sequence[Task],
@@ -293,9 +273,10 @@ def run_bfcl_benchmark(
     baseline = run_bfcl(policy, tasks, cfg, worker, progress=progress)
     if rehearsal is None:
         return BfclRun(baseline)
-    outcome = _rehearse_bfcl(policy, tasks, cfg, rehearsal, seed, progress)
-    rehearsed = run_bfcl(policy, apply_memories(tasks, outcome), cfg, worker, progress=progress)
-    return BfclRun(baseline, rehearsed, outcome)
+    # attempts take the step limits of the committed episode they rehearse for
+    hook = TurnRehearsal(policy, rehearsal, seed=seed, progress=progress)
+    rehearsed = run_bfcl(policy, tasks, cfg, worker, progress=progress, before_turn=hook)
+    return BfclRun(baseline, rehearsed, hook.outcome)
 
 
 def _bfcl_category(s: CategoryScore) -> dict[str, Any]:

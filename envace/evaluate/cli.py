@@ -129,15 +129,20 @@ def _rehearsal_config(args: argparse.Namespace) -> Any:
     return parse_rehearsal(args.rehearsal, **fields)
 
 
-def _policy(spec: str, benchmark: str, seed: int) -> Any:
+def _policy(spec: str, benchmark: str, seed: int, rcfg: Any) -> Any:
     from envace.evaluate.bfcl.policies import BfclOraclePolicy, EmptyPolicy
+    from envace.evaluate.rehearsal import check_can_rehearse
     from envace.rollout.factory import CHECKPOINT_FORMS, build_policy
 
     if spec == "empty":
-        return EmptyPolicy()
-    if spec == "oracle" and benchmark == "bfcl":
-        return BfclOraclePolicy()
-    return build_policy(spec, seed=seed, forms=f"oracle, random, empty, {CHECKPOINT_FORMS}")
+        policy: Any = EmptyPolicy()
+    elif spec == "oracle" and benchmark == "bfcl":
+        policy = BfclOraclePolicy()
+    else:
+        policy = build_policy(spec, seed=seed, forms=f"oracle, random, empty, {CHECKPOINT_FORMS}")
+    if rcfg is not None:
+        check_can_rehearse(policy, f"--policy {spec} --rehearsal")
+    return policy
 
 
 def _rollout_config(args: argparse.Namespace) -> Any:
@@ -237,7 +242,7 @@ def _run_synthetic(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
     tasks = loaded.tasks[: args.limit] if args.limit else loaded.tasks
     if not tasks:
         raise UserInputError(f"{args.tasks}: no valid task to evaluate")
-    policy = _policy(args.policy, "synthetic", args.seed)
+    policy = _policy(args.policy, "synthetic", args.seed, rcfg)
     run = run_synthetic(
         policy,
         tasks,
@@ -264,7 +269,7 @@ def _run_bfcl(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
     from envace.tasks.io import atomic_write_text
 
     categories = parse_categories(args.benchmark.split(":", 1)[1])
-    policy = _policy(args.policy, "bfcl", args.seed)
+    policy = _policy(args.policy, "bfcl", args.seed, rcfg)
     with BfclWorker() as worker:
         by_cat = load_bfcl_tasks(worker, categories, args.limit)
         tasks = [t for cat in categories for t in by_cat[cat]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from envace.envs.base import Environment
 from envace.evaluate.metrics import EvalMetrics, summarize
-from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
+from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader, TurnHook
 from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import Policy
 from envace.rollout.types import Trajectory
@@ -48,13 +48,22 @@ def evaluate_policy(
     probe_fidelity: bool = True,
     n: int = 1,
     progress: bool = False,
+    before_turn: TurnHook | None = None,
 ) -> EvalResult:
-    """Run `policy` on `tasks` in their real worlds and aggregate the metrics."""
+    """Run `policy` on `tasks` in their real worlds and aggregate the metrics.
+
+    before_turn: runs before each committed turn (test-time rehearsal, `TurnRehearsal`)."""
     runnable = [t for t in tasks if t.environment is not None]
     if len(runnable) < len(tasks):
         missing = [t.id for t in tasks if t.environment is None][:5]
         raise ValueError(f"tasks without an environment cannot be evaluated: {missing}")
     real_cfg = dataclasses.replace(cfg, mode="real", probe_fidelity=probe_fidelity)
-    engine = RolloutEngine(policy, real_cfg, grader or TaskGrader(), make_env=make_task_environment)
+    engine = RolloutEngine(
+        policy,
+        real_cfg,
+        grader or TaskGrader(),
+        make_env=make_task_environment,
+        before_turn=before_turn,
+    )
     trajs = engine.run(runnable, n=n, progress=progress, desc="evaluate")
     return EvalResult(summarize(trajs), trajs)

@@ -40,6 +40,7 @@ __all__ = [
     "TurnContext",
     "TurnGrade",
     "TurnGrader",
+    "TurnHook",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,12 @@ class TurnGrader(Protocol):
     def grade(self, contexts: Sequence[TurnContext]) -> list[TurnGrade]: ...
 
 
+# Called with the episodes about to make their first caller generation of a user turn (that
+# turn's message is already in their history, no later one is); it may give each notes to read
+# (`Episode.set_notes`). Test-time private rehearsal is such a hook (envace.evaluate.rehearsal).
+TurnHook = Callable[[Sequence["Episode"]], None]
+
+
 class State(Enum):
     AWAIT_CALLER = auto()
     AWAIT_SIMULATOR = auto()
@@ -109,7 +116,13 @@ class Episode:
         caller: Policy,
         simulator: Policy | None,
         env: Environment | None,
+        *,
+        history: Sequence[dict[str, Any]] = (),
+        sample_index: int = 0,
     ) -> None:
+        """history: messages that happened before the task's first turn (after its system
+        prompt): a rehearsal attempt starts from a real conversation so far. sample_index: which
+        of the task's n copies this is (policies that seed each request derive its seed)."""
         self.task = task
         self.cfg = cfg
         self.caller = caller
@@ -132,8 +145,14 @@ class Episode:
         self._grounding = grounding_from_reference(task.reference) if cfg.grounding else []
         # What both roles see of the tools (the real worlds always check the full schemas).
         self.tools = compact_tools(task.tools) if cfg.tool_schemas == "compact" else task.tools
+        self.sample_index = sample_index
+        self.notes = ""
+        self.noted_turn = -1  # the last turn a TurnHook has seen
         if task.system:
             self.traj.messages.append({"role": "system", "content": task.system})
+        self.traj.messages.extend(dict(m) for m in history)
+        # tool-call ids continue after the history's, so the rendered chat never repeats one
+        self._id_base = sum(len(m.get("tool_calls") or ()) for m in history)
         self._start_turn()
         r = caller.renderer
         self.caller_ids: list[int] = (
@@ -251,6 +270,29 @@ class Episode:
                 self.caller_ids.extend(self.caller.renderer.generation_prompt_ids)
             self.state = State.AWAIT_CALLER
 
+    def set_notes(self, notes: str, header: str) -> int:
+        """Put `notes` (under `header`) in the system prompt for the turns from now on, in
+        place of earlier notes; empty notes remove them. Returns the number of characters that
+        entered the context. The caller's prompt ids are rendered again from the messages."""
+        text = f"{header}\n{notes.strip()}" if notes.strip() else ""
+        self.notes = text
+        base = self.task.system or ""
+        system = f"{base}\n\n{text}" if base and text else (base or text)
+        msgs = self.traj.messages
+        has_system = bool(msgs) and msgs[0].get("role") == "system"
+        if has_system and system:
+            msgs[0] = {"role": "system", "content": system}
+        elif has_system:
+            del msgs[0]
+            self.turn_start -= 1
+        elif system:
+            msgs.insert(0, {"role": "system", "content": system})
+            self.turn_start += 1
+        r = self.caller.renderer
+        if r is not None:
+            self.caller_ids = r.prompt_ids(msgs, self.tools)
+        return len(text)
+
     # --- oracle support -----------------------------------------------------------------------
     def shadow_result(self) -> Any:
         """The real result of the pending call, from a private replay of the episode's calls."""
@@ -277,7 +319,7 @@ class Episode:
         self.steps_in_turn = 0
 
     def _call_dicts(self, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
-        base = len(self.issued)
+        base = self._id_base + len(self.issued)
         return [c.to_message_dict(f"call_{base + i}") for i, c in enumerate(calls)]
 
     def _add_row(
@@ -351,7 +393,7 @@ class Episode:
         new = [
             {
                 "role": "tool",
-                "tool_call_id": f"call_{len(self.issued) - len(self.pending) + i}",
+                "tool_call_id": f"call_{self._id_base + len(self.issued) - len(self.pending) + i}",
                 "name": c.name,
                 "content": tool_message_content(res),
             }
@@ -381,6 +423,7 @@ class RolloutEngine:
     simulator: required in external mode; in real mode it is the fidelity probe (defaults to
         the policy).
     make_env: builds a fresh real world for a task (real mode); None elsewhere.
+    before_turn: called before each user turn's first caller generation (see `TurnHook`).
     """
 
     def __init__(
@@ -390,6 +433,7 @@ class RolloutEngine:
         grader: TurnGrader,
         simulator: Policy | None = None,
         make_env: Callable[[Task], Environment] | None = None,
+        before_turn: TurnHook | None = None,
     ) -> None:
         if cfg.mode == "external" and simulator is None:
             raise ValueError("external mode needs a simulator policy (a frozen model or endpoint)")
@@ -400,11 +444,21 @@ class RolloutEngine:
         self.grader = grader
         self.simulator: Policy = simulator or policy
         self.make_env = make_env
+        self.before_turn = before_turn
 
     def run(
-        self, tasks: Sequence[Task], n: int = 1, progress: bool = False, desc: str = "rollout"
+        self,
+        tasks: Sequence[Task],
+        n: int = 1,
+        progress: bool = False,
+        desc: str = "rollout",
+        histories: Sequence[Sequence[dict[str, Any]]] | None = None,
     ) -> list[Trajectory]:
-        """n trajectories per task, in task order (the n copies of a task share its uid)."""
+        """n trajectories per task, in task order (the n copies of a task share its uid).
+
+        histories: per task, the conversation before its first turn (see `Episode`)."""
+        if histories is not None and len(histories) != len(tasks):
+            raise ValueError(f"{len(histories)} histories for {len(tasks)} tasks")
         episodes = [
             Episode(
                 task,
@@ -413,8 +467,10 @@ class RolloutEngine:
                 self.policy,
                 self.simulator,
                 self._env_for(task),
+                history=histories[i] if histories is not None else (),
+                sample_index=k,
             )
-            for task in tasks
+            for i, task in enumerate(tasks)
             for k in range(n)
         ]
         bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=not progress, leave=False)
@@ -427,6 +483,7 @@ class RolloutEngine:
             if step > self.cfg.max_micro_steps:
                 for e in active:
                     e._end(EndReason.STEP_LIMIT)
+            self._turn_hook(active)
             self._caller_phase(active)
             self._simulator_phase(active)
             self._grade_phase(active)
@@ -441,6 +498,15 @@ class RolloutEngine:
             return None
         assert self.make_env is not None
         return self.make_env(task)
+
+    def _turn_hook(self, active: Sequence[Episode]) -> None:
+        if self.before_turn is None:
+            return
+        starting = [e for e in active if e.state is State.AWAIT_CALLER and e.noted_turn < e.turn]
+        for e in starting:
+            e.noted_turn = e.turn
+        if starting:
+            self.before_turn(starting)
 
     def _caller_phase(self, active: Sequence[Episode]) -> None:
         pairs = [(e, e.caller_request()) for e in active if e.state is State.AWAIT_CALLER]

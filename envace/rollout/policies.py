@@ -7,6 +7,7 @@ caller role and the simulator role.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Sequence
@@ -95,18 +96,33 @@ class ChatPolicy:
         self.client = client
 
     def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
-        return [_text_generation(self.client.chat(r.messages, params), None) for r in requests]
+        return [
+            _text_generation(self.client.chat(r.messages, _request_params(r, params)), None)
+            for r in requests
+        ]
+
+
+def _request_params(req: GenRequest, params: SamplingParams) -> SamplingParams:
+    """A seeded request of the k-th copy of a task samples with seed + k: an endpoint given one
+    seed for every copy would write the same text n times (the local backends already draw
+    distinct streams per prompt of a batch)."""
+    if params.seed is None or req.episode.sample_index == 0:
+        return params
+    return dataclasses.replace(params, seed=params.seed + req.episode.sample_index)
 
 
 class OraclePolicy:
     """Perfect play, for checking the pipeline end to end (it must score 1.0).
 
-    Caller: issues the current turn's expected calls one per message, then answers.
+    Caller: issues the current turn's expected calls one per message, then answers with the
+    turn's expected facts (`Turn.answer_facts`).
     Simulator: executes the episode's calls on a private copy of the task's real world, so its
-    rehearsal equals the real result (rehearsal fidelity 1.0).
+    rehearsal equals the real result (rehearsal fidelity 1.0). That is real execution, so the
+    oracle cannot rehearse privately at test time (`rehearses_privately` is False).
     """
 
     trainable = False
+    rehearses_privately = False
 
     def __init__(self, renderer: ChatRenderer | None = None) -> None:
         self.renderer = renderer
@@ -122,7 +138,8 @@ class OraclePolicy:
             if done < len(expected):
                 nxt = expected[done]
                 return format_assistant_response("", [ToolCall(nxt.name, dict(nxt.arguments))])
-            return "Done."
+            facts = ep.task.turns[ep.turn].answer_facts
+            return "Done: " + ", ".join(facts) + "." if facts else "Done."
         result = ep.shadow_result()
         return f"<execution_result>\n{json.dumps(result, ensure_ascii=False)}\n</execution_result>"
 

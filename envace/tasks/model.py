@@ -49,6 +49,9 @@ class Turn:
     checklist: tuple[ChecklistItem, ...] = ()
     expected_calls: tuple[ExpectedCall, ...] = ()
     ordered: bool = False
+    # Facts the turn's final answer must state (the balance the user asked for, a file's text):
+    # what the real tool results gave. Graded in the answer text (envace.reward.rules).
+    answer_facts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

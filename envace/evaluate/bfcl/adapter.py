@@ -26,7 +26,7 @@ from typing import Any
 from envace.envs.base import tool_error
 from envace.errors import UserInputError
 from envace.evaluate.bfcl.client import BfclWorker
-from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnContext, TurnGrade
+from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnContext, TurnGrade, TurnHook
 from envace.rollout.policies import Policy
 from envace.rollout.types import EndReason, Trajectory
 from envace.tasks.model import ExpectedCall, Task, Turn
@@ -274,8 +274,11 @@ def run_bfcl(
     worker: BfclWorker,
     *,
     progress: bool = False,
+    before_turn: TurnHook | None = None,
 ) -> list[BfclEpisode]:
-    """Committed execution of `policy` on BFCL tasks, then bfcl-eval's verdict per episode."""
+    """Committed execution of `policy` on BFCL tasks, then bfcl-eval's verdict per episode.
+
+    before_turn: runs before each committed turn (test-time rehearsal, `TurnRehearsal`)."""
     episodes: list[BfclEpisode] = []
     factory = _EnvFactory(worker)
     for multi in (False, True):
@@ -283,7 +286,11 @@ def run_bfcl(
         if not group:
             continue
         engine = RolloutEngine(
-            policy, bfcl_rollout_config(cfg, multi), _EpisodeGrader(), make_env=factory
+            policy,
+            bfcl_rollout_config(cfg, multi),
+            _EpisodeGrader(),
+            make_env=factory,
+            before_turn=before_turn,
         )
         try:
             trajs = engine.run(group, progress=progress, desc="bfcl")
