@@ -154,6 +154,8 @@ class BankWorld(DocumentWorld):
     TOOLS = _TOOLS
     STATE_SCHEMA = _STATE_SCHEMA
     RULE = "every account owner, transfer end and session customer must exist"
+    # authenticate is not read-only: it changes who the session belongs to.
+    READ_ONLY = frozenset({"list_accounts", "get_balance", "get_transactions"})
 
     def empty_state(self) -> dict[str, Any]:
         return _empty_state()

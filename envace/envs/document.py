@@ -27,6 +27,7 @@ class DocumentWorld(ABC):
     TOOLS: ClassVar[list[dict[str, Any]]]
     STATE_SCHEMA: ClassVar[dict[str, Any]]
     RULE: ClassVar[str]  # what a consistent initial state is, said when one is not
+    READ_ONLY: ClassVar[frozenset[str]]  # tools that never change the state
 
     def __init__(self) -> None:
         self._state = self.empty_state()

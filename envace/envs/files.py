@@ -130,6 +130,8 @@ class FilesWorld:
     """The executable file system (see the module docstring for the rules and the state)."""
 
     name: str = "files"
+    # Tools that never change the state: an extra one costs nothing in the turn score.
+    READ_ONLY: frozenset[str] = frozenset({"list_dir", "read_file"})
 
     def __init__(self) -> None:
         self._dirs: dict[str, list[str]] = {"/": []}

@@ -10,7 +10,7 @@ from envace.envs.files import FilesWorld
 from envace.envs.inventory import InventoryWorld
 from envace.errors import UserInputError
 
-__all__ = ["environment_names", "make_environment"]
+__all__ = ["environment_names", "make_environment", "read_only_tools"]
 
 # A new world is one new module plus one line here.
 _FACTORIES: dict[str, Callable[[], Environment]] = {
@@ -33,3 +33,11 @@ def make_environment(name: str) -> Environment:
             f"unknown environment {name!r}; known environments: {', '.join(environment_names())}"
         )
     return factory()
+
+
+def read_only_tools(name: str | None) -> frozenset[str] | None:
+    """The tools of world `name` that never change its state (`READ_ONLY`); None when the
+    world is unknown or declares none: then every call may change something."""
+    factory = _FACTORIES.get(name or "")
+    read_only = getattr(factory, "READ_ONLY", None)
+    return frozenset(read_only) if read_only is not None else None

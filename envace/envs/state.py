@@ -1,10 +1,17 @@
-"""World-state helpers: success rules (nested subset match) and deterministic opaque ids.
+"""World-state helpers: success rules and deterministic opaque ids.
 
-A task's success rule is `{"final_state": <subset>}`: the real world's final snapshot must
-contain the subset. Dicts match as subsets (extra keys in the state are fine); every other
-value, lists included, must be equal. A list is compared whole because list order and
-length carry meaning (a directory listing, a transaction history): "the folder holds exactly
-these entries" is how a rule says that something was deleted or moved away.
+A task's success rule is `{"final_state": <state>, "match": "whole" | "subset", "free": [...]}`.
+
+- `whole` (what `envace tasks generate` writes): the real world's final snapshot must equal the
+  expected final state everywhere — every key present on both sides, nothing extra — except
+  the paths listed in `free` (each a list of keys, e.g. `["ids", "next"]`), which are ignored
+  on both sides. A harmful call anywhere in the world (deleting another file, paying another
+  customer) therefore fails the task, the tau-bench way.
+- `subset` (the default when `match` is absent, i.e. task files written before whole-state
+  rules): the snapshot must contain the given state. Dicts match as subsets (extra keys in
+  the state are fine); every other value, lists included, must be equal. A list is compared
+  whole because list order and length carry meaning (a directory listing, a transaction
+  history).
 """
 
 from __future__ import annotations
@@ -13,7 +20,13 @@ import hashlib
 from collections.abc import Container
 from typing import Any
 
-__all__ = ["final_state_matches", "first_mismatch", "next_opaque_id"]
+__all__ = [
+    "final_state_matches",
+    "first_difference",
+    "first_mismatch",
+    "next_opaque_id",
+    "success_mismatch",
+]
 
 
 def final_state_matches(expected_subset: Any, state: Any) -> bool:
@@ -39,6 +52,58 @@ def first_mismatch(expected_subset: Any, state: Any, path: str = "$") -> str | N
     if not _json_equal(expected_subset, state):
         return f"{path}: expected {_short(expected_subset)}, got {_short(state)}"
     return None
+
+
+def first_difference(expected: Any, state: Any, path: str = "$") -> str | None:
+    """Where `state` first differs from `expected` as a whole (same keys everywhere, equal
+    values), as a readable line; None when they are equal.
+
+    Example: `$.files./docs/b.txt: not expected (got 'secret')` for a file that should not be.
+    """
+    if isinstance(expected, dict):
+        if not isinstance(state, dict):
+            return f"{path}: expected an object, got {_short(state)}"
+        for key, value in expected.items():
+            if key not in state:
+                return f"{path}.{key}: missing"
+            found = first_difference(value, state[key], f"{path}.{key}")
+            if found is not None:
+                return found
+        for key in state:
+            if key not in expected:
+                return f"{path}.{key}: not expected (got {_short(state[key])})"
+        return None
+    if isinstance(expected, list) and isinstance(state, list) and len(expected) == len(state):
+        for i, (a, b) in enumerate(zip(expected, state, strict=True)):
+            found = first_difference(a, b, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if not _json_equal(expected, state):
+        return f"{path}: expected {_short(expected)}, got {_short(state)}"
+    return None
+
+
+def success_mismatch(rule: dict[str, Any], state: Any) -> str | None:
+    """Where the final `state` fails a task's success rule (see the module docstring), as a
+    readable line; None when the rule holds."""
+    expected = rule["final_state"]
+    if rule.get("match", "subset") == "subset":
+        return first_mismatch(expected, state)
+    free = [tuple(str(k) for k in p) for p in rule.get("free", ())]
+    return first_difference(_without(expected, free), _without(state, free))
+
+
+def _without(value: Any, paths: list[tuple[str, ...]]) -> Any:
+    """A copy of `value` with each path (a key sequence through objects) removed if present."""
+    if not paths or not isinstance(value, dict):
+        return value
+    heads = {p[0] for p in paths if len(p) == 1}
+    deeper: dict[str, list[tuple[str, ...]]] = {}
+    for p in paths:
+        if len(p) > 1:
+            deeper.setdefault(p[0], []).append(p[1:])
+    return {k: _without(v, deeper.get(k, [])) for k, v in value.items() if k not in heads}
 
 
 def _json_equal(a: Any, b: Any) -> bool:

@@ -1,13 +1,24 @@
-"""Rule-based grading of tool calls: for tasks whose expected calls are known exactly.
+"""Rule-based grading of a turn: expected calls, extra calls, and the facts of the answer.
 
 Arguments are compared canonically, as JSON values: dict key order does not matter, an int equals
 a float of the same value (50 == 50.0), booleans are not numbers (True != 1), and strings must
 match exactly (no case folding or trimming: a wrong date string is a wrong call).
+
+The turn score (`turn_score_rules`) is on one scale of units: each expected call and each
+expected answer fact is worth one unit; the score is (units earned - penalties) / units,
+clipped to [0, 1]. An expected call counts once however often it is issued. Penalties, so that
+spraying calls or repeating them does not pay:
+- an issued call that matched no expected call and may change the world (not one of the
+  world's read-only tools, or any call when the world is unknown) costs 1 unit: as much as a
+  right call earns, since an unrequested transfer or delete undoes what a right call did;
+- an exact repeat of a read-only call already issued in the turn costs 0.5 unit (it wastes a
+  step; a first, harmless look-up costs nothing).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -16,7 +27,20 @@ from typing import Any
 from envace.policy.types import ToolCall
 from envace.tasks.model import ExpectedCall, Turn
 
-__all__ = ["CallMatch", "canonical", "match_expected_calls", "turn_score_rules"]
+__all__ = [
+    "REPEAT_PENALTY",
+    "UNEXPECTED_WRITE_PENALTY",
+    "CallMatch",
+    "canonical",
+    "fact_in_answer",
+    "match_expected_calls",
+    "missing_facts",
+    "turn_answers",
+    "turn_score_rules",
+]
+
+UNEXPECTED_WRITE_PENALTY = 1.0  # an unrequested call that may change the world
+REPEAT_PENALTY = 0.5  # an exact repeat of a read-only call in the same turn
 
 Canonical = tuple[Any, ...]
 
@@ -127,15 +151,64 @@ def match_expected_calls(
     )
 
 
-def turn_score_rules(turn: Turn, issued: Sequence[ToolCall]) -> float:
-    """Score in [0, 1] of one turn from the calls issued during it.
+def fact_in_answer(fact: str, answer: str) -> bool:
+    """Whether `answer` states `fact` as a whole token: "450" is in "you have 450 dollars." but
+    not in "1450" or "450.5"; case and spelling must match (a fact is a value a tool gave)."""
+    pattern = r"(?<![0-9A-Za-z])" + re.escape(fact) + r"(?![0-9A-Za-z]|\.[0-9])"
+    return bool(fact) and re.search(pattern, answer) is not None
 
-    With expected calls: the fraction of them that were matched. Unexpected extra calls cost
-    nothing (a harmless look-up must not be punished; a harmful one shows up in the final-state
-    rule). Without expected calls the turn asks for a direct answer: 1.0 when the caller made no
-    call, else 0.0.
+
+def missing_facts(turn: Turn, answer: str) -> list[str]:
+    """The turn's expected answer facts that `answer` does not state."""
+    return [f for f in turn.answer_facts if not fact_in_answer(f, answer)]
+
+
+def turn_answers(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """Per user turn of a conversation, the text of its last assistant message without tool
+    calls ("" when the turn has none): the answer the user got."""
+    answers: list[str] = []
+    for m in messages:
+        if m.get("role") == "user":
+            answers.append("")
+        elif answers and m.get("role") == "assistant" and not m.get("tool_calls"):
+            answers[-1] = str(m.get("content") or "")
+    return answers
+
+
+def turn_score_rules(
+    turn: Turn,
+    issued: Sequence[ToolCall],
+    answer: str = "",
+    read_only: frozenset[str] | None = None,
+) -> float:
+    """Score in [0, 1] of one turn from the calls issued during it and its final answer (see
+    the module docstring for the units and the penalties).
+
+    read_only: the world's tools that never change its state; None (an unknown world): every
+    unexpected call may change something. A turn with neither expected calls nor facts asks
+    for a direct answer: 1.0 when the caller made no call, else 0.0.
     """
-    if not turn.expected_calls:
+    units = len(turn.expected_calls) + len(turn.answer_facts)
+    if units == 0:
         return 1.0 if not issued else 0.0
-    match = match_expected_calls(turn.expected_calls, issued, turn.ordered)
-    return match.matched / len(turn.expected_calls)
+    match = _match_ordered if turn.ordered else _match_unordered
+    exp_used, iss_used = match(turn.expected_calls, issued)
+    earned = sum(exp_used) + len(turn.answer_facts) - len(missing_facts(turn, answer))
+    return max(0.0, min(1.0, (earned - _penalty(issued, iss_used, read_only)) / units))
+
+
+def _penalty(
+    issued: Sequence[ToolCall], matched: Sequence[bool], read_only: frozenset[str] | None
+) -> float:
+    """What the calls that matched no expected call cost (see the module docstring)."""
+    penalty = 0.0
+    seen: set[Canonical] = set()
+    for call, used in zip(issued, matched, strict=True):
+        key = _call_key(call.name, call.arguments)
+        if not used:
+            if read_only is None or call.name not in read_only:
+                penalty += UNEXPECTED_WRITE_PENALTY
+            elif key in seen:
+                penalty += REPEAT_PENALTY
+        seen.add(key)
+    return penalty

@@ -551,13 +551,21 @@ class RolloutEngine:
 
 
 def _success(task: Task, traj: Trajectory) -> bool | None:
-    """Final-state rule in the real world when there is one; otherwise a perfect reward."""
+    """The success rule in the real world when there is one (the final state, and every
+    information turn's answer stating its facts); otherwise a perfect reward."""
     if traj.reward is None:
         return None
     if task.success and traj.final_state is not None and "final_state" in task.success:
-        from envace.envs.state import final_state_matches
+        from envace.envs.state import success_mismatch
+        from envace.reward.rules import missing_facts, turn_answers
 
-        return traj.end_reason is EndReason.COMPLETED and final_state_matches(
-            task.success["final_state"], traj.final_state
+        answers = turn_answers(traj.messages)
+        told = len(answers) >= len(task.turns) and not any(
+            missing_facts(turn, answers[i]) for i, turn in enumerate(task.turns)
+        )
+        return (
+            traj.end_reason is EndReason.COMPLETED
+            and success_mismatch(task.success, traj.final_state) is None
+            and told
         )
     return traj.reward >= 1.0 - 1e-9

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from envace.envs.registry import read_only_tools
 from envace.reward.judge import ChecklistJudge, TurnToGrade, split_turn_steps
-from envace.reward.rules import turn_score_rules
+from envace.reward.rules import turn_answers, turn_score_rules
 from envace.rollout.engine import TurnContext, TurnGrade
 from envace.tasks.model import ChecklistItem
 
@@ -52,8 +53,11 @@ class TaskGrader:
         judged: list[int] = []
         for i, ctx in enumerate(contexts):
             turn = ctx.task.turns[ctx.turn]
-            if turn.expected_calls or not turn.checklist:
-                grades[i] = TurnGrade(turn_score_rules(turn, ctx.calls))
+            if turn.expected_calls or turn.answer_facts or not turn.checklist:
+                env = ctx.task.environment
+                answer = turn_answers(ctx.messages[ctx.turn_start :])[0]
+                read_only = read_only_tools(env.name if env is not None else None)
+                grades[i] = TurnGrade(turn_score_rules(turn, ctx.calls, answer, read_only))
             elif self.judge is None:
                 grades[i] = TurnGrade(None)  # a checklist with no judge: unscored, never 0
             else:

@@ -3,10 +3,13 @@
 Every task comes from a short template: a random world state, 1-3 templated user turns, and the
 calls a perfect agent makes in each turn. The generator *executes* those calls in the real world
 (`envace.envs`), so the gold conversation holds real results, later arguments can only be known
-from earlier results (an order id, a balance, a file's text), and the success rule is a subset of
-the real final state. It checks itself: each call fails exactly when the template expects it to,
-the success rule holds at the end, does not hold at the start, and replaying the expected calls
-in a fresh world reaches the same final state.
+from earlier results (an order id, a balance, a file's text), and the success rule is the whole
+real final state (`match: whole`: any other change to the world fails the task). A turn that
+asks for information carries `answer_facts`, the values its real results gave (the balance, the
+listing): an answer must state them. It checks itself: each call fails exactly when the template
+expects it to, every gold answer states its facts, the success rule holds at the end, does not
+hold at the start, and replaying the expected calls in a fresh world reaches the same final
+state.
 
 Splits: every pool value (customer, item, file and folder names, file texts, amounts,
 quantities, balances, stock levels, prices, PINs) belongs to one split by a fixed rule,
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envace.envs import files_state, first_mismatch, is_error_result, make_environment
+from envace.envs import files_state, is_error_result, make_environment, success_mismatch
 from envace.errors import EnvaceError, UserInputError
 from envace.tasks.io import atomic_write_text
 
@@ -217,33 +220,24 @@ class _Episode:
         )
         return result
 
-    def reply(self, text: str) -> None:
+    def reply(self, text: str, facts: Sequence[object] = ()) -> None:
+        """The gold answer; `facts` (what the real results gave the user asked for) must be in
+        it, and every answer to this turn must state them (`answer_facts`)."""
+        told = [str(f) for f in facts]
+        missing = [f for f in told if f not in text]
+        if missing:
+            raise GenerationError(f"the gold reply {text!r} does not state {missing}")
+        if told:
+            self.turns[-1]["answer_facts"] = told
         self.messages.append({"role": "assistant", "content": text})
-
-
-_StatePath = tuple[str, ...]
 
 
 @dataclass
 class _Draft:
-    """A template's output: the recorded episode and which state paths prove success."""
+    """A template's output: the recorded episode (its final world state is the expected one)."""
 
     template: str
     episode: _Episode
-    success_paths: Sequence[_StatePath]
-
-
-def _subset(state: Mapping[str, Any], paths: Sequence[_StatePath]) -> dict[str, Any]:
-    """The nested part of `state` at `paths` (each path ends at the value to keep)."""
-    out: dict[str, Any] = {}
-    for path in paths:
-        source: Any = state
-        target = out
-        for key in path[:-1]:
-            source = source[key]
-            target = target.setdefault(key, {})
-        target[path[-1]] = copy.deepcopy(source[path[-1]])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,10 +290,6 @@ def _transfer(ep: _Episode, src: str, dst: str, amount: int, *, fails: bool = Fa
     return "" if fails else str(result["transaction_id"])
 
 
-def _balances(*accounts: str) -> list[_StatePath]:
-    return [("accounts", acc, "balance") for acc in accounts]
-
-
 def _bank_transfer_own(rng: random.Random, pools: _Pools) -> _Draft:
     state, people = _bank_setup(rng, pools)
     me, amount = people[0], rng.choice(pools.amounts)
@@ -309,7 +299,7 @@ def _bank_transfer_own(rng: random.Random, pools: _Pools) -> _Draft:
     ids = _login(ep, me)
     tx = _transfer(ep, ids[src], ids[dst], amount)
     ep.reply(f"Done. Moved {amount} dollars to your {dst}, transaction {tx}.")
-    return _Draft("transfer_own", ep, [*_balances(ids[src], ids[dst]), ("transactions", tx)])
+    return _Draft("transfer_own", ep)
 
 
 def _bank_transfer_back(rng: random.Random, pools: _Pools) -> _Draft:
@@ -323,8 +313,7 @@ def _bank_transfer_back(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user("Please move it back.")
     tx2 = _transfer(ep, ids["savings"], ids["checking"], amount)
     ep.reply(f"Moved {amount} dollars back to your checking, transaction {tx2}.")
-    paths = [*_balances(ids["checking"], ids["savings"]), ("transactions", tx1)]
-    return _Draft("transfer_back", ep, [*paths, ("transactions", tx2)])
+    return _Draft("transfer_back", ep)
 
 
 def _bank_pay_other(rng: random.Random, pools: _Pools) -> _Draft:
@@ -338,8 +327,8 @@ def _bank_pay_other(rng: random.Random, pools: _Pools) -> _Draft:
     ep.reply(f"Sent {amount} dollars to {payee}, transaction {tx}.")
     ep.user("Show me the transactions of my checking account.")
     history = ep.call("get_transactions", {"account_id": ids["checking"]})["transactions"]
-    ep.reply(f"Your checking has {len(history)} transaction(s); the last is {tx}.")
-    return _Draft("pay_other", ep, [*_balances(ids["checking"], payee), ("transactions", tx)])
+    ep.reply(f"Your checking has {len(history)} transaction(s); the last is {tx}.", [tx])
+    return _Draft("pay_other", ep)
 
 
 def _bank_sweep(rng: random.Random, pools: _Pools) -> _Draft:
@@ -349,11 +338,11 @@ def _bank_sweep(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user(f"{_hello(me)} How much is in my savings?")
     ids = _login(ep, me)
     balance = int(ep.call("get_balance", {"account_id": ids["savings"]})["balance"])
-    ep.reply(f"Your savings has {balance} dollars.")
+    ep.reply(f"Your savings has {balance} dollars.", [balance])
     ep.user("Move all of it to my checking.")
     tx = _transfer(ep, ids["savings"], ids["checking"], balance)
     ep.reply(f"Moved {balance} dollars to your checking, transaction {tx}.")
-    return _Draft("sweep", ep, [*_balances(ids["savings"], ids["checking"]), ("transactions", tx)])
+    return _Draft("sweep", ep)
 
 
 def _bank_insufficient(rng: random.Random, pools: _Pools) -> _Draft:
@@ -369,8 +358,7 @@ def _bank_insufficient(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user(f"Then move {smaller} dollars instead.")
     tx = _transfer(ep, ids["checking"], ids["savings"], smaller)
     ep.reply(f"Done. Moved {smaller} dollars to your savings, transaction {tx}.")
-    paths = [*_balances(ids["checking"], ids["savings"]), ("transactions", tx)]
-    return _Draft("insufficient_funds", ep, paths)
+    return _Draft("insufficient_funds", ep)
 
 
 def _bank_wrong_pin(rng: random.Random, pools: _Pools) -> _Draft:
@@ -387,8 +375,7 @@ def _bank_wrong_pin(rng: random.Random, pools: _Pools) -> _Draft:
     ids = _login(ep, me)
     tx = _transfer(ep, ids["savings"], ids["checking"], amount)
     ep.reply(f"Done. Moved {amount} dollars to your checking, transaction {tx}.")
-    paths = [*_balances(ids["savings"], ids["checking"]), ("transactions", tx)]
-    return _Draft("wrong_pin", ep, paths)
+    return _Draft("wrong_pin", ep)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,7 +422,7 @@ def _files_write(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user(f"Write '{text}' to {path}.")
     ep.call("write_file", {"path": path, "content": text})
     ep.reply(f"Created {path}.")
-    return _Draft("write", ep, [("files", path), ("dirs", lay.folders[0])])
+    return _Draft("write", ep)
 
 
 def _files_move(rng: random.Random, pools: _Pools) -> _Draft:
@@ -446,8 +433,7 @@ def _files_move(rng: random.Random, pools: _Pools) -> _Draft:
     name = ep.call("list_dir", {"path": src_dir})["entries"][0]
     ep.call("move", {"src": f"{src_dir}/{name}", "dst": f"{dst_dir}/{name}"})
     ep.reply(f"Moved {name} to {dst_dir}.")
-    paths = [("dirs", src_dir), ("dirs", dst_dir), ("files", f"{dst_dir}/{name}")]
-    return _Draft("move_lookup", ep, paths)
+    return _Draft("move_lookup", ep)
 
 
 def _files_move_rename(rng: random.Random, pools: _Pools) -> _Draft:
@@ -462,8 +448,7 @@ def _files_move_rename(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user(f"Now rename it to {new_name}.")
     ep.call("move", {"src": f"{dst_dir}/{name}", "dst": f"{dst_dir}/{new_name}"})
     ep.reply(f"Renamed it to {new_name}.")
-    paths = [("dirs", src_dir), ("dirs", dst_dir), ("files", f"{dst_dir}/{new_name}")]
-    return _Draft("move_rename", ep, paths)
+    return _Draft("move_rename", ep)
 
 
 def _files_copy(rng: random.Random, pools: _Pools) -> _Draft:
@@ -476,7 +461,7 @@ def _files_copy(rng: random.Random, pools: _Pools) -> _Draft:
     text = ep.call("read_file", {"path": src})["content"]
     ep.call("write_file", {"path": dst, "content": text})
     ep.reply(f"Copied {src} to {dst}.")
-    return _Draft("copy", ep, [("files", src), ("files", dst), ("dirs", dst_dir)])
+    return _Draft("copy", ep)
 
 
 def _files_append(rng: random.Random, pools: _Pools) -> _Draft:
@@ -488,7 +473,7 @@ def _files_append(rng: random.Random, pools: _Pools) -> _Draft:
     text = ep.call("read_file", {"path": path})["content"]
     ep.call("write_file", {"path": path, "content": f"{text}\n{line}"})
     ep.reply(f"Added the line to {path}.")
-    return _Draft("append", ep, [("files", path)])
+    return _Draft("append", ep)
 
 
 def _files_list_delete(rng: random.Random, pools: _Pools) -> _Draft:
@@ -498,11 +483,11 @@ def _files_list_delete(rng: random.Random, pools: _Pools) -> _Draft:
     ep = _Episode("files", _FILES_SYSTEM, lay.state())
     ep.user(f"What is in {folder}?")
     entries = ep.call("list_dir", {"path": folder})["entries"]
-    ep.reply(f"{folder} holds {', '.join(entries)}.")
+    ep.reply(f"{folder} holds {', '.join(entries)}.", entries)
     ep.user(f"Delete {victim}.")
     ep.call("delete", {"path": f"{folder}/{victim}"})
     ep.reply(f"Deleted {folder}/{victim}.")
-    return _Draft("list_delete", ep, [("dirs", folder)])
+    return _Draft("list_delete", ep)
 
 
 def _files_mkdir_move(rng: random.Random, pools: _Pools) -> _Draft:
@@ -515,8 +500,7 @@ def _files_mkdir_move(rng: random.Random, pools: _Pools) -> _Draft:
     ep.call("make_dir", {"path": new_dir})
     ep.call("move", {"src": path, "dst": f"{new_dir}/{name}"})
     ep.reply(f"Created {new_dir} and moved {name} into it.")
-    paths = [("dirs", new_dir), ("dirs", lay.folders[0]), ("files", f"{new_dir}/{name}")]
-    return _Draft("mkdir_move", ep, paths)
+    return _Draft("mkdir_move", ep)
 
 
 def _files_read_move_list(rng: random.Random, pools: _Pools) -> _Draft:
@@ -527,15 +511,14 @@ def _files_read_move_list(rng: random.Random, pools: _Pools) -> _Draft:
     ep = _Episode("files", _FILES_SYSTEM, lay.state())
     ep.user(f"Read {path}.")
     text = ep.call("read_file", {"path": path})["content"]
-    ep.reply(f"It says: {text}")
+    ep.reply(f"It says: {text}", [text])
     ep.user(f"Move it to {dst_dir}.")
     ep.call("move", {"src": path, "dst": f"{dst_dir}/{name}"})
     ep.reply(f"Moved it to {dst_dir}/{name}.")
     ep.user(f"What is in {dst_dir} now?")
     entries = ep.call("list_dir", {"path": dst_dir})["entries"]
-    ep.reply(f"{dst_dir} holds {', '.join(entries)}.")
-    paths = [("dirs", src_dir), ("dirs", dst_dir), ("files", f"{dst_dir}/{name}")]
-    return _Draft("read_move_list", ep, paths)
+    ep.reply(f"{dst_dir} holds {', '.join(entries)}.", entries)
+    return _Draft("read_move_list", ep)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,10 +551,6 @@ def _order(ep: _Episode, sku: str, quantity: int, *, fails: bool = False) -> dic
     return ep.call("create_order", {"sku": sku, "quantity": quantity}, fails=fails)
 
 
-def _order_paths(sku: str, order_id: str) -> list[_StatePath]:
-    return [("items", sku, "stock"), ("orders", order_id)]
-
-
 def _shop_order(rng: random.Random, pools: _Pools) -> _Draft:
     state, names = _shop_setup(rng, pools)
     item, quantity = names[0], rng.choice(pools.quantities)
@@ -580,7 +559,7 @@ def _shop_order(rng: random.Random, pools: _Pools) -> _Draft:
     sku = _find(ep, item)
     placed = _order(ep, sku, quantity)
     ep.reply(f"Ordered {quantity} {item}: order {placed['order_id']}, {placed['total']} dollars.")
-    return _Draft("order", ep, _order_paths(sku, placed["order_id"]))
+    return _Draft("order", ep)
 
 
 def _shop_order_cancel(rng: random.Random, pools: _Pools) -> _Draft:
@@ -594,7 +573,7 @@ def _shop_order_cancel(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user("Cancel that order.")
     ep.call("cancel_order", {"order_id": order_id})
     ep.reply(f"Order {order_id} is cancelled.")
-    return _Draft("order_cancel", ep, _order_paths(sku, order_id))
+    return _Draft("order_cancel", ep)
 
 
 def _shop_restock(rng: random.Random, pools: _Pools) -> _Draft:
@@ -605,7 +584,7 @@ def _shop_restock(rng: random.Random, pools: _Pools) -> _Draft:
     sku = _find(ep, item)
     stock = ep.call("restock", {"sku": sku, "quantity": quantity})["stock"]
     ep.reply(f"{item} now has {stock} in stock.")
-    return _Draft("restock", ep, [("items", sku, "stock")])
+    return _Draft("restock", ep)
 
 
 def _shop_order_all(rng: random.Random, pools: _Pools) -> _Draft:
@@ -615,11 +594,11 @@ def _shop_order_all(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user(f"How many {item} are in stock?")
     sku = _find(ep, item)
     stock = int(ep.call("get_stock", {"sku": sku})["stock"])
-    ep.reply(f"There are {stock} {item} in stock.")
+    ep.reply(f"There are {stock} {item} in stock.", [stock])
     ep.user("Order all of them.")
     order_id = _order(ep, sku, stock)["order_id"]
     ep.reply(f"Ordered {stock} {item}: order {order_id}.")
-    return _Draft("order_all", ep, _order_paths(sku, order_id))
+    return _Draft("order_all", ep)
 
 
 def _shop_insufficient(rng: random.Random, pools: _Pools) -> _Draft:
@@ -636,7 +615,7 @@ def _shop_insufficient(rng: random.Random, pools: _Pools) -> _Draft:
     ep.user(f"Then order {smaller} instead.")
     order_id = _order(ep, sku, smaller)["order_id"]
     ep.reply(f"Ordered {smaller} {item}: order {order_id}.")
-    return _Draft("insufficient_stock", ep, _order_paths(sku, order_id))
+    return _Draft("insufficient_stock", ep)
 
 
 def _shop_price_order_cancel(rng: random.Random, pools: _Pools) -> _Draft:
@@ -645,14 +624,14 @@ def _shop_price_order_cancel(rng: random.Random, pools: _Pools) -> _Draft:
     ep = _Episode("inventory", _INVENTORY_SYSTEM, state)
     ep.user(f"How much does the {item} cost?")
     found = ep.call("find_item", {"name": item})
-    ep.reply(f"The {item} costs {found['price']} dollars.")
+    ep.reply(f"The {item} costs {found['price']} dollars.", [found["price"]])
     ep.user(f"Order {quantity} of them.")
     order_id = _order(ep, found["sku"], quantity)["order_id"]
     ep.reply(f"Ordered {quantity} {item}: order {order_id}.")
     ep.user("Actually, cancel it.")
     ep.call("cancel_order", {"order_id": order_id})
     ep.reply(f"Order {order_id} is cancelled.")
-    return _Draft("price_order_cancel", ep, _order_paths(found["sku"], order_id))
+    return _Draft("price_order_cancel", ep)
 
 
 Template = Callable[[random.Random, _Pools], _Draft]
@@ -709,6 +688,8 @@ def _turn_dict(turn: Mapping[str, Any]) -> dict[str, Any]:
         out["expected_calls"] = copy.deepcopy(calls)
     if len(calls) > 1:  # each later call needs an id or value an earlier one returned
         out["ordered"] = True
+    if turn.get("answer_facts"):
+        out["answer_facts"] = list(turn["answer_facts"])
     return out
 
 
@@ -720,7 +701,8 @@ def _task_dict(task_id: str, split: str, draft: _Draft) -> dict[str, Any]:
         "tools": ep.world.tools(),
         "turns": [_turn_dict(turn) for turn in ep.turns],
         "environment": {"name": ep.world_name, "initial_state": copy.deepcopy(ep.initial_state)},
-        "success": {"final_state": _subset(ep.world.snapshot(), draft.success_paths)},
+        # the whole final world: any other change (a harmful extra call) fails the task
+        "success": {"final_state": ep.world.snapshot(), "match": "whole"},
     }
     if split == "train":
         task["reference"] = copy.deepcopy(ep.messages)
@@ -740,12 +722,12 @@ def oracle_replay(task: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _self_check(task: Mapping[str, Any], final_state: Mapping[str, Any]) -> None:
-    rule = task["success"]["final_state"]
+    rule = task["success"]
     problems = []
-    missed = first_mismatch(rule, final_state)
+    missed = success_mismatch(rule, final_state)
     if missed is not None:
         problems.append(f"success rule fails on the gold final state ({missed})")
-    if first_mismatch(rule, task["environment"]["initial_state"]) is None:
+    if success_mismatch(rule, task["environment"]["initial_state"]) is None:
         problems.append("success rule already holds in the initial state")
     if oracle_replay(task) != final_state:
         problems.append("replaying the expected calls reaches a different final state")

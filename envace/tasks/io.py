@@ -50,6 +50,7 @@ def _turn_from_dict(data: Mapping[str, Any]) -> Turn:
             for call in data.get("expected_calls", ())
         ),
         ordered=bool(data.get("ordered", False)),
+        answer_facts=tuple(str(f) for f in data.get("answer_facts", ())),
     )
 
 
@@ -103,6 +104,8 @@ def _turn_to_dict(turn: Turn) -> dict[str, Any]:
         ]
     if turn.ordered:
         out["ordered"] = True
+    if turn.answer_facts:
+        out["answer_facts"] = list(turn.answer_facts)
     return out
 
 

@@ -65,6 +65,7 @@ _CHECKLIST_KEYS = frozenset(
 )
 _EXPECTED_CALL_KEYS = frozenset({"name", "arguments"})
 _ENVIRONMENT_KEYS = frozenset({"name", "initial_state"})
+_SUCCESS_KEYS = frozenset({"final_state", "match", "free"})
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _JSON_TYPES = {
     bool: "boolean",
@@ -471,6 +472,17 @@ def _environment_problems(
             "a success rule needs an environment (the final state is read from it); "
             "add environment: {name, initial_state} or remove success",
         )
+    success = data.get("success") or {}
+    unknown_success = _unknown_keys(success, _SUCCESS_KEYS, "success")
+    if unknown_success is not None:
+        yield unknown_success
+    if "free" in success and success.get("match", "subset") != "whole":
+        yield TaskProblem(
+            "success.free",
+            'free paths only apply to a whole-state rule: add "match": "whole" or remove free',
+        )
+    if ("match" in success or "free" in success) and "final_state" not in success:
+        yield TaskProblem("success", "a success rule needs final_state (the expected state)")
 
 
 def _reference_problems(messages: list[dict[str, Any]]) -> Iterator[TaskProblem]:
@@ -503,7 +515,7 @@ def _grading_problems(data: Mapping[str, Any]) -> Iterator[TaskProblem]:
     turns = data["turns"]
     graded = (
         any(turn.get("checklist") for turn in turns)
-        or any(turn.get("expected_calls") for turn in turns)
+        or any(turn.get("expected_calls") or turn.get("answer_facts") for turn in turns)
         or bool(data.get("success"))
     )
     if not graded:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from envace.policy.types import ToolCall
-from envace.reward.rules import canonical, match_expected_calls, turn_score_rules
+from envace.reward.rules import (
+    canonical,
+    fact_in_answer,
+    match_expected_calls,
+    turn_answers,
+    turn_score_rules,
+)
 from envace.tasks.model import ExpectedCall, Turn
 
 
@@ -113,18 +121,68 @@ def test_ordered_missing_first_call_keeps_later_ones() -> None:
     assert match.missing == (exp("a"),)
 
 
-def test_turn_score_is_fraction_matched_and_extra_calls_are_free() -> None:
+READS = frozenset({"read", "a"})  # the world's read-only tools in these tests
+
+
+def test_turn_score_counts_expected_calls_once_and_costs_extra_writes() -> None:
     turn = Turn(user="u", expected_calls=(exp("a", n=1), exp("b")))
-    assert turn_score_rules(turn, [call("a", n=1), call("b")]) == 1.0
-    assert turn_score_rules(turn, [call("a", n=1), call("b"), call("read")]) == 1.0
-    assert turn_score_rules(turn, [call("a", n=2), call("b")]) == 0.5
-    assert turn_score_rules(turn, []) == 0.0
+    assert turn_score_rules(turn, [call("a", n=1), call("b")], read_only=READS) == 1.0
+    # a first look-up with a read-only tool is free
+    assert turn_score_rules(turn, [call("a", n=1), call("b"), call("read")], read_only=READS) == 1.0
+    # its repeat costs half a unit (of 2)
+    repeated = [call("a", n=1), call("b"), call("read"), call("read")]
+    assert turn_score_rules(turn, repeated, read_only=READS) == 0.75
+    # an expected call issued twice counts once; a repeated write costs a whole unit
+    assert turn_score_rules(turn, [call("a", n=1), call("b"), call("b")], read_only=READS) == 0.5
+    assert turn_score_rules(turn, [call("a", n=2), call("b")], read_only=READS) == 0.5
+    assert turn_score_rules(turn, [], read_only=READS) == 0.0
+    # in an unknown world every unexpected call may change something
+    assert turn_score_rules(turn, [call("a", n=1), call("b"), call("read")]) == 0.5
+
+
+def test_spraying_and_repeating_do_not_pay() -> None:
+    transfer = Turn(user="u", expected_calls=(exp("transfer", amount=50),))
+    sprayed = [call("transfer", amount=a) for a in (10, 20, 50, 80, 100)]
+    assert turn_score_rules(transfer, sprayed, read_only=READS) == 0.0
+    every_call_twice = [call("transfer", amount=50), call("transfer", amount=50)]
+    assert turn_score_rules(transfer, every_call_twice, read_only=READS) == 0.0
+    two = Turn(user="u", expected_calls=(exp("a"), exp("w")))
+    twice = [call("a"), call("a"), call("w"), call("w")]
+    assert turn_score_rules(two, twice, read_only=READS) == pytest.approx((2 - 0.5 - 1) / 2)
 
 
 def test_turn_score_ordered_turn_uses_order() -> None:
     turn = Turn(user="u", expected_calls=(exp("a"), exp("b")), ordered=True)
-    assert turn_score_rules(turn, [call("b"), call("a")]) == 0.5
-    assert turn_score_rules(turn, [call("a"), call("b")]) == 1.0
+    # one call matches in order; the other, out of place, is an unrequested write
+    assert turn_score_rules(turn, [call("b"), call("a")], read_only=READS) == 0.5
+    assert turn_score_rules(turn, [call("a"), call("b")], read_only=READS) == 1.0
+
+
+def test_answer_facts_are_units_of_the_same_scale() -> None:
+    turn = Turn(user="balance?", expected_calls=(exp("a"),), answer_facts=("450", "ACC-81f2"))
+    told = "Your savings ACC-81f2 holds 450 dollars."
+    assert turn_score_rules(turn, [call("a")], told, READS) == 1.0
+    assert turn_score_rules(turn, [call("a")], "It holds 450.", READS) == pytest.approx(2 / 3)
+    assert turn_score_rules(turn, [call("a")], "Done.", READS) == pytest.approx(1 / 3)
+    assert turn_score_rules(turn, [], "", READS) == 0.0
+    # a fact is a whole token: 1450 and 450.5 do not state 450
+    assert not fact_in_answer("450", "you have 1450 dollars")
+    assert not fact_in_answer("450", "you have 450.5 dollars")
+    assert fact_in_answer("450", "you have 450.")
+    assert fact_in_answer("a b", "(a b)") and not fact_in_answer("", "anything")
+
+
+def test_turn_answers_are_the_last_plain_assistant_message_of_each_turn() -> None:
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "1"},
+        {"role": "assistant", "content": "", "tool_calls": [{}]},
+        {"role": "tool", "content": "{}"},
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "2"},
+        {"role": "assistant", "content": "", "tool_calls": [{}]},
+    ]
+    assert turn_answers(msgs) == ["first", ""]
 
 
 def test_turn_without_expected_calls_wants_a_direct_answer() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from envace.envs import environment_names, final_state_matches, make_environment
+from envace.envs import environment_names, make_environment, success_mismatch
 from envace.errors import UserInputError
 from envace.tasks.generate import (
     GenerationError,
@@ -75,10 +75,32 @@ def test_tasks_validate_against_the_task_schema(
 
 def test_oracle_replay_succeeds_on_every_task(splits: Splits) -> None:
     for task in _all(splits):
-        rule = task["success"]["final_state"]
-        assert rule, task["id"]
-        assert final_state_matches(rule, oracle_replay(task)), task["id"]
-        assert not final_state_matches(rule, task["environment"]["initial_state"]), task["id"]
+        rule = task["success"]
+        # the whole final world is the rule (so a harmful extra change anywhere fails it)
+        assert rule["match"] == "whole" and rule["final_state"] == oracle_replay(task), task["id"]
+        assert success_mismatch(rule, oracle_replay(task)) is None, task["id"]
+        assert success_mismatch(rule, task["environment"]["initial_state"]), task["id"]
+
+
+def test_information_turns_carry_the_facts_of_their_real_results(splits: Splits) -> None:
+    asking = {
+        "sweep": 0,
+        "pay_other": 1,
+        "list_delete": 0,
+        "read_move_list": 0,
+        "order_all": 0,
+        "price_order_cancel": 0,
+    }
+    seen = set()
+    for task in _all(splits):
+        template = task["meta"]["template"]
+        with_facts = [i for i, t in enumerate(task["turns"]) if t.get("answer_facts")]
+        if template in asking:
+            seen.add(template)
+            assert asking[template] in with_facts, task["id"]
+        for i in with_facts:
+            assert all(isinstance(f, str) and f for f in task["turns"][i]["answer_facts"])
+    assert seen == set(asking)
 
 
 # Templates whose last turn only reads: success is already reached before it.
@@ -92,7 +114,7 @@ def test_stopping_before_the_last_turn_is_not_success(splits: Splits) -> None:
             continue
         partial = copy.deepcopy(task)
         partial["turns"] = partial["turns"][:-1]
-        assert not final_state_matches(task["success"]["final_state"], oracle_replay(partial))
+        assert success_mismatch(task["success"], oracle_replay(partial)) is not None
         checked += 1
     assert checked > N // 2
 
@@ -272,7 +294,7 @@ def test_self_check_catches_rules_that_hold_from_the_start(splits: Splits) -> No
     task = copy.deepcopy(splits.train[0])
     final = oracle_replay(task)
     _self_check(task, final)
-    task["success"]["final_state"] = {}
+    task["success"]["final_state"] = copy.deepcopy(task["environment"]["initial_state"])
     with pytest.raises(GenerationError, match="already holds in the initial state"):
         _self_check(task, final)
     task["success"]["final_state"] = {"nope": 1}

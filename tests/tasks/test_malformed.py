@@ -224,7 +224,7 @@ CASES = [
         mutated(set_path("turns", 0, "assistant", "ok")),
         "t2",
         "turns[0].assistant",
-        "unknown key (allowed: checklist, expected_calls, ordered, user)",
+        "unknown key (allowed: answer_facts, checklist, expected_calls, ordered, user)",
     ),
     Case(
         "ordered-not-boolean",
