@@ -730,8 +730,9 @@ def bench_rl(
     with the decoder `settings` (`decode_settings`)."""
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
+    from envace.train.learners import Learner, make_engine
     from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import _engine, _save_rl_checkpoint, model_policy
+    from envace.train.run import _save_rl_checkpoint, model_policy
 
     cfg, paths, splits, model, tok = _rl_setup(plan, tmp / "rl", settings)
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
@@ -739,7 +740,7 @@ def bench_rl(
     if plan.rl_shape is not None:  # same tokenizer (trained on the tasks), a real-size body
         model = _real_body(plan, tok, len(tok), "float32")
     model.to(plan.device)
-    engine = _engine(cfg, model)
+    engine = make_engine(cfg, model, cfg.train.iterations)
     learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
     policy = model_policy(model, tok, cfg)
     trainer = RLTrainer(cfg, splits.train, policy, [learner], TaskGrader())
@@ -754,7 +755,7 @@ def bench_rl(
     trainer.update(rows)
     _sync(plan.device)
     t2 = time.perf_counter()
-    _save_rl_checkpoint(paths, 1, [("policy", model, engine)], tok)
+    _save_rl_checkpoint(paths, 1, [Learner("policy", model, engine)], tok)
     t3 = time.perf_counter()
     rollout = float(metrics["time/rollout_s"])
     return {

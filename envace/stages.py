@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import os
-import random
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -58,7 +57,6 @@ from envace.policy.chat import ChatRenderer
 from envace.report import fmt, markdown_table
 from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
-from envace.rollout.policies import Policy
 from envace.storage.artifacts import (
     commit_dir,
     fetch_dir,
@@ -77,8 +75,17 @@ from envace.storage.errors import (
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_key, join_uri, parse_uri
 from envace.train.distributed import dist_info
-from envace.train.engine import TorchEngine, TrainingEngine, load_trainer_state
-from envace.train.rl import RLTrainer, RoleLearner
+from envace.train.engine import TorchEngine, load_trainer_state
+from envace.train.learners import (
+    TRAINER_STATE,
+    Learner,
+    build_learners,
+    restore_learners,
+    role_learners,
+    trainer_state,
+    trains_simulator,
+)
+from envace.train.rl import RLTrainer
 from envace.train.run import (
     RunPaths,
     close_policy,
@@ -89,9 +96,9 @@ from envace.train.run import (
     model_policy,
     prepare_tasks,
     require_data_parallel,
-    rl_torch_engine,
     rollout_config,
     rollout_policy,
+    simulator_policy,
 )
 from envace.train.run import warm_start as run_warm_start
 
@@ -132,7 +139,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_META = "checkpoint.json"
 ROLLOUT_META = "rollout.json"
 TRAIN_METRICS = "train_metrics.json"
-TRAINER_STATE = "trainer_state.pt"
 # What a TrainJob runs for one train step; Kubeflow Trainer supplies torchrun's rendezvous.
 TRAIN_STEP_COMMAND = ("torchrun", "--no-python", "envace", "pipeline", "train-step")
 
@@ -385,11 +391,6 @@ def _policy_dir(ckpt: _Checkpoint) -> Path | None:
     return ckpt.folder / "policy" if (ckpt.folder / "policy").is_dir() else ckpt.folder
 
 
-def _trains_simulator(cfg: Config) -> bool:
-    """noshare + rehearsal: the simulator role has its own model (as in `envace run`)."""
-    return cfg.algo.sharing == "noshare" and cfg.rollout.mode == "rehearsal"
-
-
 def _rl_start_policy(cfg: Config, ckpt: _Checkpoint, scratch: Path) -> Any:
     """The policy as it was when RL started (a fresh copy when that is this checkpoint)."""
     if ckpt.meta.rl_start == ckpt.uri:
@@ -397,64 +398,11 @@ def _rl_start_policy(cfg: Config, ckpt: _Checkpoint, scratch: Path) -> Any:
     return _load_checkpoint(cfg, ckpt.meta.rl_start, scratch, with_state=False).policy
 
 
-def _simulator(cfg: Config, ckpt: _Checkpoint, scratch: Path) -> tuple[Policy | None, Any]:
-    """The tool-result writer besides the policy: (policy or None, its model when trained)."""
-    r = cfg.rollout
-    if r.mode == "external":
-        if r.external_endpoint:
-            from envace.policy.openai_http import OpenAIChatClient
-            from envace.rollout.policies import ChatPolicy
-
-            client = OpenAIChatClient(r.external_endpoint, r.external_endpoint_model)
-            return ChatPolicy(client), None
-        if r.external_model:
-            from envace.policy.hf_backend import load_model_and_tokenizer
-
-            model, tokenizer = load_model_and_tokenizer(r.external_model)
-            return model_policy(model, tokenizer, cfg, trainable=False), None
-        frozen = _rl_start_policy(cfg, ckpt, scratch).eval()
-        return model_policy(frozen, ckpt.tokenizer, cfg, trainable=False), None
-    if _trains_simulator(cfg):
-        model = ckpt.simulator if ckpt.simulator is not None else copy.deepcopy(ckpt.policy)
-        return model_policy(model, ckpt.tokenizer, cfg, trainable=True), model
-    return None, None
-
-
-def _torch_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
-    t = cfg.train
-    return rl_torch_engine(cfg, model, max(1, horizon * t.ppo_epochs))
-
-
-def _deepspeed_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
-    try:
-        import deepspeed  # noqa: F401
-
-        from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions
-    except ImportError as exc:
-        raise ConfigError(
-            "train.engine: 'deepspeed' needs the deepspeed package in the step's image "
-            "(pip install 'envace[deepspeed]'; the GPU image has it)"
-        ) from exc
-    opts = DeepSpeedOptions.from_config(cfg)
-    total = max(1, horizon * cfg.train.ppo_epochs)
-    return DeepSpeedEngine(model, dataclasses.replace(opts, total_steps=total))
-
-
-# train.engine -> engine factory (config, model, iterations the lr schedule spans).
-_ENGINES: dict[str, Callable[[Config, Any, int], TrainingEngine]] = {
-    "torch": _torch_engine,
-    "deepspeed": _deepspeed_engine,
-}
-
-
-def _make_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
-    factory = _ENGINES.get(cfg.train.engine)
-    if factory is None:
-        raise ConfigError(
-            f"train.engine: {cfg.train.engine!r} is not available to the pipeline's train step in "
-            f"this build (available: {', '.join(sorted(_ENGINES))}); set train.engine: torch"
-        )
-    return factory(cfg, model, horizon)
+def _saved_simulator(cfg: Config, ckpt: _Checkpoint) -> Any | None:
+    """The simulator's own model when it trains: the checkpoint's, or the policy's copy."""
+    if not trains_simulator(cfg):
+        return None
+    return ckpt.simulator if ckpt.simulator is not None else copy.deepcopy(ckpt.policy)
 
 
 # --- prepare ----------------------------------------------------------------------------------
@@ -523,7 +471,12 @@ def rollout(
                 f"{ckpt.meta.iteration} iteration(s): rollouts must use the checkpoint of the "
                 "round before (check the pipeline wiring)"
             )
-        sim_policy, _ = _simulator(cfg, ckpt, tmp)
+        sim_policy = simulator_policy(
+            cfg,
+            ckpt.tokenizer,
+            _saved_simulator(cfg, ckpt),
+            lambda: _rl_start_policy(cfg, ckpt, tmp),
+        )
         policy = rollout_policy(cfg, ckpt.policy, ckpt.tokenizer, _policy_dir(ckpt))
         try:
             trainer = RLTrainer(
@@ -727,44 +680,6 @@ def _read_rows_for(checkpoint_uri: str, trajectories_uri: str, dest: Path) -> li
     return read_rows(folder)
 
 
-def _learners(
-    cfg: Config, ckpt: _Checkpoint, horizon: int
-) -> tuple[list[tuple[str, Any, TrainingEngine]], list[RoleLearner]]:
-    """(name, model, engine) per trained model, optimizer states restored, and their learners."""
-    models = [("policy", ckpt.policy)]
-    if _trains_simulator(cfg):
-        sim = ckpt.simulator if ckpt.simulator is not None else copy.deepcopy(ckpt.policy)
-        models.append(("simulator", sim))
-    engines = [(name, model, _make_engine(cfg, model, horizon)) for name, model in models]
-    if ckpt.state is not None:
-        for name, _model, engine in engines:
-            _restore_engine(engine, name, ckpt)
-    pad = ChatRenderer(ckpt.tokenizer).pad_id
-    if len(engines) == 1:
-        return engines, [RoleLearner(engines[0][2], frozenset({"caller", "simulator"}), pad)]
-    return engines, [
-        RoleLearner(engines[0][2], frozenset({"caller"}), pad),
-        RoleLearner(engines[1][2], frozenset({"simulator"}), pad),
-    ]
-
-
-def _restore_engine(engine: TrainingEngine, name: str, ckpt: _Checkpoint) -> None:
-    """Optimizer state from the checkpoint; DeepSpeed's (sharded) beside the weights."""
-    assert ckpt.state is not None
-    saved = ckpt.state["engines"][name]
-    load_checkpoint = getattr(engine, "load_checkpoint", None)
-    has_ds_state = ckpt.folder is not None and (ckpt.folder / name / "deepspeed").is_dir()
-    if (load_checkpoint is not None) != has_ds_state:
-        raise ConfigError(
-            f"{ckpt.uri}: its optimizer state was written by another train.engine than "
-            "this step's; keep train.engine the same for every round of a run"
-        )
-    if load_checkpoint is not None:
-        assert ckpt.folder is not None
-        load_checkpoint(ckpt.folder / name)  # collective: every rank reads its shard
-    engine.load_state_dict(saved)
-
-
 def _train_here(
     cfg: Config, checkpoint_uri: str, trajectories_uri: str, out_uri: str, horizon: int
 ) -> Trained:
@@ -772,7 +687,10 @@ def _train_here(
     with _scratch() as tmp:
         rows = _read_rows_for(checkpoint_uri, trajectories_uri, tmp / "rows")
         ckpt = _load_checkpoint(cfg, checkpoint_uri, tmp, with_state=True)
-        engines, learners = _learners(cfg, ckpt, horizon)
+        learners = build_learners(cfg, ckpt.policy, ckpt.simulator, horizon)
+        if ckpt.state is not None:
+            assert ckpt.folder is not None
+            restore_learners(learners, ckpt.state, ckpt.folder, checkpoint_uri)
         # The KL reference is the RL-start policy, not this round's (None: RLTrainer copies it).
         ref = None
         if cfg.algo.kl_coef > 0 and ckpt.meta.rl_start != checkpoint_uri:
@@ -781,25 +699,25 @@ def _train_here(
             cfg,
             [],
             model_policy(ckpt.policy, ckpt.tokenizer, cfg),
-            learners,
+            role_learners(learners, ChatRenderer(ckpt.tokenizer).pad_id),
             TaskGrader(),
             ref_model=ref,
         )
         metrics = trainer.update(rows)
         out = tmp / "out"
         iteration = ckpt.meta.iteration + 1
-        for name, _model, engine in engines:
-            engine.save_model(out / name, ckpt.tokenizer)  # collective with DeepSpeed
+        for lr in learners:
+            lr.engine.save_model(out / lr.name, ckpt.tokenizer)  # collective with DeepSpeed
         if dist_info().is_main:
             made_from = _step_inputs(cfg, checkpoint_uri, trajectories_uri, horizon)
-            _write_train_outputs(out, engines, iteration, ckpt, made_from, metrics)
+            _write_train_outputs(out, learners, iteration, ckpt, made_from, metrics)
         out.mkdir(parents=True, exist_ok=True)  # a rank may have nothing else to write
         return Trained(_commit_from_ranks(out, out_uri, collective_timeout(cfg)), metrics)
 
 
 def _write_train_outputs(
     out: Path,
-    engines: Sequence[tuple[str, Any, TrainingEngine]],
+    learners: Sequence[Learner],
     iteration: int,
     ckpt: _Checkpoint,
     made_from: Mapping[str, Any],
@@ -807,12 +725,7 @@ def _write_train_outputs(
 ) -> None:
     """trainer_state.pt, checkpoint.json (with the step's inputs, `made_from`: a retry
     recognises its own output by them) and the train metrics beside the weights."""
-    state = {
-        "iteration": iteration,
-        "engines": {name: engine.state_dict() for name, _m, engine in engines},
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-    }
-    torch.save(state, out / TRAINER_STATE)
+    torch.save(trainer_state(iteration, learners), out / TRAINER_STATE)
     meta = CheckpointMeta(iteration, ckpt.meta.rl_start)
     _write_json(out / CHECKPOINT_META, {**dataclasses.asdict(meta), **made_from})
     _write_json(out / TRAIN_METRICS, metrics)

@@ -57,7 +57,16 @@ from envace.train.engine import (
     load_trainer_state,
     require_finite_weights,
 )
-from envace.train.rl import RLTrainer, RoleLearner, generation_ready
+from envace.train.learners import (
+    TRAINER_STATE,
+    Learner,
+    build_learners,
+    restore_learners,
+    role_learners,
+    trainer_state,
+    trains_simulator,
+)
+from envace.train.rl import RLTrainer, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
 from envace.train.tracking import MetricsLogger, NullLogger, plot_progress
 
@@ -196,7 +205,9 @@ def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any
         return model, tokenizer
     corpus = tokenizer_corpus(cfg, splits)
     tokenizer = build_tokenizer(corpus, cfg.model.vocab_size, corpus_min_frequency(len(corpus)))
+    # model.dtype applies to every model source (a resumed run reloads in it)
     model = build_tiny_model(tokenizer, cfg.model.preset, seed=cfg.seed)
+    model = model.to(resolve_dtype(cfg.model.dtype))
     save_checkpoint(model, tokenizer, out_dir)
     return model, tokenizer
 
@@ -320,78 +331,47 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
     }
 
 
-def _simulator(cfg: Config, model: Any, tokenizer: Any) -> tuple[Policy | None, Any]:
-    """The tool-result writer besides the policy: (policy or None, a model to train or None)."""
+def simulator_policy(
+    cfg: Config, tokenizer: Any, sim_model: Any | None, rl_start: Callable[[], Any]
+) -> Policy | None:
+    """The tool-result writer besides the policy, or None when the policy writes them itself.
+
+    external: an endpoint, another checkpoint, or (neither given) a frozen copy of the policy
+    as RL started (`rl_start()`); noshare + rehearsal: `sim_model`, the simulator's own trained
+    model (`envace.train.learners.trains_simulator`)."""
     r = cfg.rollout
     if r.mode == "external":
         if r.external_endpoint:
             from envace.policy.openai_http import OpenAIChatClient
             from envace.rollout.policies import ChatPolicy
 
-            return ChatPolicy(
-                OpenAIChatClient(r.external_endpoint, r.external_endpoint_model)
-            ), None
+            return ChatPolicy(OpenAIChatClient(r.external_endpoint, r.external_endpoint_model))
         if r.external_model:
             from envace.policy.hf_backend import load_model_and_tokenizer
 
             m, t = load_model_and_tokenizer(r.external_model)
-            return model_policy(m, t, cfg, trainable=False), None
-        return model_policy(copy.deepcopy(model).eval(), tokenizer, cfg, trainable=False), None
-    if cfg.algo.sharing == "noshare" and r.mode == "rehearsal":
-        sim_model = copy.deepcopy(model)
-        return model_policy(sim_model, tokenizer, cfg, trainable=True), sim_model
-    return None, None
-
-
-def _engine(cfg: Config, model: Any) -> TrainingEngine:
-    t = cfg.train
-    if t.engine == "deepspeed":
-        from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions
-
-        return DeepSpeedEngine(model, DeepSpeedOptions.from_config(cfg))
-    if cfg.model.gradient_checkpointing:
-        from envace.train.deepspeed_engine import enable_activation_checkpointing
-
-        enable_activation_checkpointing(model)
-    return rl_torch_engine(cfg, model, max(1, t.iterations * t.ppo_epochs))
-
-
-def rl_torch_engine(cfg: Config, model: Any, total_steps: int) -> TorchEngine:
-    """The RL optimizer on one process: train.lr and its schedule over `total_steps` optimizer
-    steps, training what train.trainable says."""
-    t = cfg.train
-    return TorchEngine(
-        model,
-        t.lr,
-        t.weight_decay,
-        t.grad_clip,
-        t.lr_schedule,
-        t.warmup_iterations,
-        total_steps,
-        trainable=Trainable.from_config(cfg),
-    )
+            return model_policy(m, t, cfg, trainable=False)
+        return model_policy(rl_start().eval(), tokenizer, cfg, trainable=False)
+    if sim_model is not None:
+        return model_policy(sim_model, tokenizer, cfg, trainable=True)
+    return None
 
 
 def _save_rl_checkpoint(
-    paths: RunPaths, it: int, learners: Sequence[tuple[str, Any, TrainingEngine]], tokenizer: Any
+    paths: RunPaths, it: int, learners: Sequence[Learner], tokenizer: Any
 ) -> str:
-    import random as _random
-
     from envace.storage.checkpoints import checkpoint_name
 
     ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
-    for name, model, _engine in learners:
-        require_finite_weights(model, f"the weights to save as checkpoints/rl/{ckpt.name}/{name}")
-    for name, _model, engine in learners:
-        engine.save_model(ckpt / name, tokenizer)
+    for lr in learners:
+        require_finite_weights(
+            lr.model, f"the weights to save as checkpoints/rl/{ckpt.name}/{lr.name}"
+        )
+    for lr in learners:
+        lr.engine.save_model(ckpt / lr.name, tokenizer)
     if not paths.writes:  # rank 0 writes the trainer state and commits
         return paths.store_uri(ckpt)
-    state = {
-        "iteration": it,
-        "engines": {name: engine.state_dict() for name, _m, engine in learners},
-        "rng": {"torch": torch.get_rng_state(), "python": _random.getstate()},
-    }
-    torch.save(state, ckpt / "trainer_state.pt")
+    torch.save(trainer_state(it, learners), ckpt / TRAINER_STATE)
     import shutil
 
     for name in ("metrics.jsonl", "stages.json", "config.json"):  # a resume elsewhere keeps them
@@ -438,23 +418,21 @@ def rl_stage(
     eval_hook: Callable[[Any], float] | None = None,
 ) -> tuple[Any, list[dict[str, Any]], TrainingEngine]:
     """RL iterations; returns the trained policy model, the per-iteration records and the
-    policy's engine. `eval_hook` runs on rank 0 (weights gathered on every rank)."""
+    policy's engine. `eval_hook` runs on rank 0 (weights gathered on every rank).
+
+    `model` is the policy to train: on resume, the checkpoint's (loaded by the caller with
+    `model.dtype`); its simulator, when it has its own, is loaded from the same checkpoint."""
     start = 0
     info = dist_info()
-    if resume_from is not None:
-        from transformers import AutoModelForCausalLM
+    saved_sim = None
+    if resume_from is not None and trains_simulator(cfg):
+        from envace.policy.hf_backend import load_model_and_tokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(
-            resume_from / "policy", dtype=resolve_dtype(cfg.model.dtype)
-        )
-    sim_policy, sim_model = _simulator(cfg, model, tokenizer)
-    if resume_from is not None and sim_model is not None:
-        from transformers import AutoModelForCausalLM
-
-        sim_model = AutoModelForCausalLM.from_pretrained(
-            resume_from / "simulator", dtype=resolve_dtype(cfg.model.dtype)
-        )
-        sim_policy = model_policy(sim_model, tokenizer, cfg, trainable=True)
+        saved_sim, _ = load_model_and_tokenizer(resume_from / "simulator", cfg.model.dtype)
+    rl_start = copy.deepcopy(model) if cfg.rollout.mode == "external" else None
+    learners = build_learners(cfg, model, saved_sim, cfg.train.iterations)
+    sim = next((lr.model for lr in learners if lr.name == "simulator"), None)
+    sim_policy = simulator_policy(cfg, tokenizer, sim, lambda: rl_start)
     vllm_dir = None
     if cfg.rollout.backend == "vllm":
         if info.distributed:
@@ -465,29 +443,9 @@ def rl_stage(
             )
         vllm_dir = paths.checkpoints / "rollout_start"  # the engine's first weights
         TorchEngine(model, 1.0).save_model(vllm_dir, tokenizer)
-    pad = ChatRenderer(tokenizer).pad_id
-    engines = [("policy", model, _engine(cfg, model))]
-    if sim_model is not None:
-        engines.append(("simulator", sim_model, _engine(cfg, sim_model)))
-        learners = [
-            RoleLearner(engines[0][2], frozenset({"caller"}), pad),
-            RoleLearner(engines[1][2], frozenset({"simulator"}), pad),
-        ]
-    else:
-        learners = [RoleLearner(engines[0][2], frozenset({"caller", "simulator"}), pad)]
     if resume_from is not None:
-        import random as _random
-
-        state = load_trainer_state(resume_from / "trainer_state.pt")
-        from envace.train.deepspeed_engine import DeepSpeedEngine
-
-        for name, _m, engine in engines:
-            if isinstance(engine, DeepSpeedEngine):  # its sharded state lives beside the weights
-                engine.load_checkpoint(resume_from / name)
-            engine.load_state_dict(state["engines"][name])
-        torch.set_rng_state(state["rng"]["torch"])
-        _random.setstate(state["rng"]["python"])
-        start = int(state["iteration"])
+        state = load_trainer_state(resume_from / TRAINER_STATE)
+        start = restore_learners(learners, state, resume_from, str(resume_from))
         logger.truncate_after(start)
         log.info("resumed RL from %s at iteration %d", resume_from, start)
     policy = rollout_policy(cfg, model, tokenizer, vllm_dir)
@@ -501,7 +459,6 @@ def rl_stage(
             logger,
             eval_hook,
             start,
-            engines,
             learners,
             policy,
             sim_policy,
@@ -519,8 +476,7 @@ def _rl_loop(
     logger: MetricsLogger | NullLogger,
     eval_hook: Callable[[Any], float] | None,
     start: int,
-    engines: list[tuple[str, Any, TrainingEngine]],
-    learners: list[RoleLearner],
+    learners: list[Learner],
     policy: ModelPolicy,
     sim_policy: Policy | None,
 ) -> tuple[Any, list[dict[str, Any]], TrainingEngine]:
@@ -529,7 +485,7 @@ def _rl_loop(
         cfg,
         splits.train,
         policy,
-        learners,
+        role_learners(learners, ChatRenderer(tokenizer).pad_id),
         TaskGrader(),
         simulator=sim_policy,
         make_env=make_task_environment if cfg.rollout.mode == "real" else None,
@@ -548,7 +504,7 @@ def _rl_loop(
     )
     for it in bar:
         rec = trainer.iteration(it)
-        rec["time/weight_sync_s"] = push_weights(policy, engines[0][2], model)
+        rec["time/weight_sync_s"] = push_weights(policy, learners[0].engine, model)
         if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
             with trainer.generation_ready():
                 if info.is_main:
@@ -560,8 +516,8 @@ def _rl_loop(
             reward=f"{rec['reward/mean']:.2f}", success=f"{rec['reward/success_rate']:.2f}"
         )
         if (it + 1) % t.save_every == 0 or it + 1 == t.iterations:
-            _save_rl_checkpoint(paths, it + 1, engines, tokenizer)
-    return model, records, engines[0][2]
+            _save_rl_checkpoint(paths, it + 1, learners, tokenizer)
+    return model, records, learners[0].engine
 
 
 # --- the main job -----------------------------------------------------------------------------
@@ -702,7 +658,7 @@ def _start(
     from envace.policy.hf_backend import load_model_and_tokenizer
 
     stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
-    model, tokenizer = load_model_and_tokenizer(resume_from / "policy")
+    model, tokenizer = load_model_and_tokenizer(resume_from / "policy", cfg.model.dtype)
     return _Start(paths, stages, resume_from, splits, model, tokenizer)
 
 

@@ -270,10 +270,10 @@ def _micro_trainer(tmp_path: Any, *overrides: str, tasks: int | None = None) -> 
     from envace.config import load_config
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
+    from envace.train.learners import make_engine
     from envace.train.rl import RLTrainer, RoleLearner
     from envace.train.run import (
         RunPaths,
-        _engine,
         init_model,
         load_splits,
         model_policy,
@@ -287,7 +287,11 @@ def _micro_trainer(tmp_path: Any, *overrides: str, tasks: int | None = None) -> 
     splits = load_splits(paths.tasks)
     model, tok = init_model(cfg, splits, tmp_path / "init")
     policy = model_policy(model, tok, cfg)
-    learner = RoleLearner(_engine(cfg, model), frozenset({"caller"}), ChatRenderer(tok).pad_id)
+    learner = RoleLearner(
+        make_engine(cfg, model, cfg.train.iterations),
+        frozenset({"caller"}),
+        ChatRenderer(tok).pad_id,
+    )
     train = splits.train[:tasks]
     return RLTrainer(cfg, train, policy, [learner], TaskGrader()), policy.backend
 

@@ -123,13 +123,16 @@ def _one_process_update(data: Path, rows: list[Any]) -> tuple[dict[str, float], 
     from envace.policy.chat import ChatRenderer
     from envace.policy.hf_backend import load_model_and_tokenizer
     from envace.rollout.grading import TaskGrader
+    from envace.train.learners import make_engine
     from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import _engine, model_policy
+    from envace.train.run import model_policy
 
     cfg = _cfg("torch")
     model, tok = load_model_and_tokenizer(data / "init")
     learner = RoleLearner(
-        _engine(cfg, model), frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id
+        make_engine(cfg, model, cfg.train.iterations),
+        frozenset({"caller", "simulator"}),
+        ChatRenderer(tok).pad_id,
     )
     trainer = RLTrainer(cfg, [], model_policy(model, tok, cfg), [learner], TaskGrader())
     return trainer.update(rows), model

@@ -12,13 +12,14 @@ import torch
 from envace.config import load_config
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
+from envace.train.learners import make_engine
 from envace.train.rl import RLTrainer, RoleLearner
-from envace.train.run import RunPaths, _engine, init_model, load_splits, model_policy, prepare_tasks
+from envace.train.run import RunPaths, init_model, load_splits, model_policy, prepare_tasks
 from tests.helpers.micro import MICRO
 
 
 def _trainer(cfg: Any, model: Any, tok: Any, tasks: Any) -> tuple[RLTrainer, Any]:
-    engine = _engine(cfg, model)
+    engine = make_engine(cfg, model, cfg.train.iterations)
     learner = RoleLearner(engine, frozenset({"caller", "simulator"}), ChatRenderer(tok).pad_id)
     return RLTrainer(cfg, tasks, model_policy(model, tok, cfg), [learner], TaskGrader()), engine
 

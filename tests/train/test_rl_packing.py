@@ -129,7 +129,12 @@ def test_packed_caller_rows_give_the_unpacked_loss_gradients_and_stats(
     for step, (got, want) in enumerate(zip(packed_engine.grads, plain_engine.grads, strict=True)):
         assert got.keys() == want.keys()
         for name, grad in want.items():
-            torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-7, msg=(step, name))
+            # summation order differs (one packed sequence vs rows, and with the thread count):
+            # compare to the gradient's own scale, so near-zero entries do not decide
+            scale = float(grad.abs().max())
+            torch.testing.assert_close(
+                got[name], grad, rtol=1e-4, atol=1e-4 * scale + 1e-12, msg=(step, name)
+            )
 
 
 def test_each_trajectorys_caller_rows_pack_and_simulator_rows_stay_alone(rollout: Any) -> None:

@@ -1,0 +1,117 @@
+"""The trained models, engines and trainer state: one implementation for `envace run` and the
+pipeline's train step (the settings that used to drift between the two are checked here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from envace.config import load_config
+from envace.errors import ConfigError
+from envace.train import learners as learners_mod
+from envace.train.engine import TorchEngine
+from envace.train.learners import (
+    Learner,
+    build_learners,
+    make_engine,
+    restore_learners,
+    role_learners,
+    trainer_state,
+)
+from tests.helpers.micro import MICRO
+
+
+@pytest.fixture()
+def new_model(tiny_tokenizer: Any) -> Any:
+    from envace.policy.tiny import build_tiny_model
+
+    return lambda: build_tiny_model(tiny_tokenizer, "test-micro", seed=0)
+
+
+def test_gradient_checkpointing_applies_to_the_torch_engine(new_model: Any) -> None:
+    cfg = load_config(None, [*MICRO, "model.gradient_checkpointing=true"])
+    model = new_model()
+    engine = make_engine(cfg, model, cfg.train.iterations)
+    assert isinstance(engine, TorchEngine) and model.is_activation_checkpointing
+    plain = new_model()
+    make_engine(load_config(None, MICRO), plain, 1)
+    assert not plain.is_activation_checkpointing
+
+
+def test_both_orchestrations_build_their_learners_here() -> None:
+    """`envace run` and the pipeline's train step share one engine factory, learner set and
+    trainer state (by construction: neither module defines its own)."""
+    import envace.stages as stages
+    import envace.train.run as run
+
+    for module in (run, stages):
+        assert module.build_learners is learners_mod.build_learners
+        assert module.trainer_state is learners_mod.trainer_state
+        assert module.restore_learners is learners_mod.restore_learners
+        for old in ("_engine", "_make_engine", "_learners", "_simulator", "_restore_engine"):
+            assert not hasattr(module, old), (module.__name__, old)
+
+
+def test_noshare_trains_a_simulator_of_its_own(new_model: Any) -> None:
+    cfg = load_config(None, [*MICRO, "algo.sharing=noshare"])
+    policy = new_model()
+    found = build_learners(cfg, policy, None, 2)
+    assert [lr.name for lr in found] == ["policy", "simulator"]
+    assert found[1].model is not policy
+    roles = role_learners(found, pad_id=0)
+    assert [sorted(r.roles) for r in roles] == [["caller"], ["simulator"]]
+    shared = build_learners(load_config(None, MICRO), policy, None, 2)
+    assert [lr.name for lr in shared] == ["policy"]
+    assert sorted(role_learners(shared, 0)[0].roles) == ["caller", "simulator"]
+
+
+def test_trainer_state_round_trips_and_a_foreign_engine_is_refused(
+    tmp_path: Path, new_model: Any
+) -> None:
+    cfg = load_config(None, MICRO)
+    first = build_learners(cfg, new_model(), None, 2)
+    state = trainer_state(7, first)
+    expected = torch.rand(3)  # what an unbroken run draws next
+    torch.rand(5)
+    again = build_learners(cfg, new_model(), None, 2)
+    assert restore_learners(again, state, tmp_path, "ckpt") == 7
+    assert torch.equal(torch.rand(3), expected)
+    (tmp_path / "policy" / "deepspeed").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"another train\.engine"):
+        restore_learners(again, state, tmp_path, "ckpt")
+
+
+@pytest.mark.slow
+def test_resume_keeps_model_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh and a resumed run both train in `model.dtype` (the resume used to load the
+    policy in float32 first; the tiny presets ignored the setting)."""
+    from envace.train import run
+
+    seen: list[torch.dtype] = []
+    real = run.rl_stage
+
+    def spy(cfg: Any, paths: Any, model: Any, *args: Any, **kw: Any) -> Any:
+        seen.append(next(model.parameters()).dtype)
+        return real(cfg, paths, model, *args, **kw)
+
+    monkeypatch.setattr(run, "rl_stage", spy)
+    out = tmp_path / "run"
+    over = [*MICRO, "model.dtype=bfloat16", "train.save_every=1", "warm_start.enabled=false"]
+    run.run_main(load_config(None, [*over, "train.iterations=1"]), out)
+    summary = run.run_main(load_config(None, [*over, "train.iterations=2"]), out, resume=True)
+    assert summary["resumed_from"].endswith("iter_000001")
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    iterations = [json.loads(x)["iteration"] for x in lines]
+    assert iterations == [1, 2]
+
+
+def test_learner_is_a_named_triple(new_model: Any) -> None:
+    model = new_model()
+    engine = make_engine(load_config(None, MICRO), model, 1)
+    lr = Learner("policy", model, engine)
+    assert (lr.name, lr.model, lr.engine) == ("policy", model, engine)
