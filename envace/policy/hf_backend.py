@@ -334,15 +334,6 @@ class TransformersBackend:
             self.model.train(was_training)
 
     def _to_generation(self, seq: torch.Tensor, logps: torch.Tensor) -> Generation:
-        ids = seq.cpu().tolist()
-        finish: Any = "length"
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id) + 1]
-            finish = "stop"
-        self.generated_tokens += len(ids)
-        return Generation(
-            token_ids=ids,
-            logprobs=[float(x) for x in logps[: len(ids)].tolist()],
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            finish_reason=finish,
-        )
+        gen = Generation.sampled(seq.cpu().tolist(), logps.tolist(), self.eos_id, self.tokenizer)
+        self.generated_tokens += len(gen.token_ids)
+        return gen

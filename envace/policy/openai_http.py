@@ -7,7 +7,8 @@ Behaviour worth knowing:
 - Several base URLs may be given (replicas of one model): every attempt picks one at random, so
   the load spreads and a retry can land on a healthy replica.
 - Connect errors, timeouts, HTTP 408, 429 and 5xx are retried with capped exponential backoff and
-  jitter (a `Retry-After` header is honoured up to the cap); other 4xx fail at once, because
+  full jitter (`envace.retry.backoff_delay`, the store's too;
+  a `Retry-After` header is honoured up to the cap); other 4xx fail at once, because
   repeating a bad request cannot help.
 - A bounded semaphore caps the requests in flight per client, across all threads using it; a
   request waiting in backoff does not hold a slot.
@@ -33,12 +34,12 @@ import httpx
 
 from envace.errors import ConfigError, EnvaceError
 from envace.policy.types import SamplingParams
+from envace.retry import backoff_delay
 
 __all__ = [
     "ChatError",
     "ChatRequestError",
     "OpenAIChatClient",
-    "backoff_delay",
     "json_schema_format",
     "normalise_base_urls",
 ]
@@ -93,26 +94,6 @@ def json_schema_format(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
         "type": "json_schema",
         "json_schema": {"name": name, "schema": dict(schema), "strict": True},
     }
-
-
-def backoff_delay(
-    retry_index: int,
-    base_s: float,
-    cap_s: float,
-    rng: random.Random,
-    retry_after_s: float | None = None,
-) -> float:
-    """Seconds to wait before retry number `retry_index` (0 for the first retry).
-
-    Exponential (base, 2*base, 4*base, ...) capped at `cap_s`, then scaled by a random factor in
-    [0.5, 1] so that many clients failing together do not retry in lockstep. A server's
-    `Retry-After` raises the wait, never above the cap.
-    """
-    nominal = min(cap_s, base_s * (2.0**retry_index))
-    delay = nominal * (0.5 + 0.5 * rng.random())
-    if retry_after_s is not None:
-        delay = max(delay, min(cap_s, retry_after_s))
-    return delay
 
 
 def _redact(url: str) -> str:

@@ -63,6 +63,23 @@ class Generation:
     finish_reason: FinishReason
     meta: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def sampled(
+        cls, ids: list[int], logprobs: Sequence[float], eos_id: int, tokenizer: Any
+    ) -> Generation:
+        """A backend's raw sample cut after its first end-of-turn token ("stop"), else whole
+        ("length"), with the logprobs of the ids kept and the text decoded."""
+        finish: FinishReason = "length"
+        if eos_id in ids:
+            ids = ids[: ids.index(eos_id) + 1]
+            finish = "stop"
+        return cls(
+            token_ids=ids,
+            logprobs=[float(x) for x in logprobs[: len(ids)]],
+            text=tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason=finish,
+        )
+
 
 def check_prompts(prompts: Sequence[Sequence[int]]) -> bool:
     """Whether there is anything to generate; an empty prompt is a ValueError (a backend has

@@ -405,17 +405,9 @@ class VLLMBackend:
         return [self._to_generation(r["token_ids"], r["logprobs"]) for r in raw]
 
     def _to_generation(self, ids: list[int], logprobs: list[float]) -> Generation:
-        finish: Any = "length"
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id) + 1]
-            finish = "stop"
-        self.generated_tokens += len(ids)
-        return Generation(
-            token_ids=ids,
-            logprobs=logprobs[: len(ids)],
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            finish_reason=finish,
-        )
+        gen = Generation.sampled(ids, logprobs, self.eos_id, self.tokenizer)
+        self.generated_tokens += len(gen.token_ids)
+        return gen
 
     # --- weights ------------------------------------------------------------------------------
     def update_weights(self, checkpoint: str | Path) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from envace.errors import ConfigError
+from envace.retry import backoff_delay
 from envace.storage.errors import StoreUnavailableError
 
 __all__ = ["RetryEvent", "RetryPolicy", "call_with_retry"]
@@ -52,8 +53,7 @@ class RetryPolicy:
 
     def backoff(self, retry: int, rng: random.Random) -> float:
         """Sleep before retry number `retry` (1-based): full jitter under an exponential cap."""
-        cap = min(self.max_delay, self.base_delay * 2 ** (retry - 1))
-        return rng.uniform(0.0, cap)
+        return backoff_delay(retry - 1, self.base_delay, self.max_delay, rng)
 
 
 @dataclass(frozen=True)

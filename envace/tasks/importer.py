@@ -30,6 +30,7 @@ from typing import Any
 
 from envace.tasks.io import task_from_dict
 from envace.tasks.loader import (
+    CHECKLIST_KEYS,
     LoadResult,
     TaskFormatError,
     TaskProblem,
@@ -48,15 +49,6 @@ FOCUS_ON_ALIASES = {
     "assistant.content.thinking": "assistant.content",
     "assistant.content.user_visible_reply": "assistant.content",
 }
-_CHECKLIST_KEYS = (
-    "id",
-    "question",
-    "focus_on",
-    "pass_condition",
-    "failure_examples",
-    "weight",
-    "required_for_next_turn",
-)
 _CHECKLIST_PATH = "extra_info.interaction_kwargs.checklist_list[0]"
 
 
@@ -247,7 +239,7 @@ def _checklists(extra: dict[str, Any]) -> list[Any]:
 def _checklist_item(item: Any) -> Any:
     if not isinstance(item, dict):
         return item
-    out = {key: item[key] for key in _CHECKLIST_KEYS if item.get(key) is not None}
+    out = {key: item[key] for key in CHECKLIST_KEYS if item.get(key) is not None}
     focus = out.get("focus_on")
     if isinstance(focus, str):
         out["focus_on"] = FOCUS_ON_ALIASES.get(focus, focus)

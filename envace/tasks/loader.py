@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from jsonschema.protocols import Validator
 
 __all__ = [
+    "CHECKLIST_KEYS",
     "LoadResult",
     "TaskFormatError",
     "TaskProblem",
@@ -52,16 +53,15 @@ logger = logging.getLogger(__name__)
 WEIGHT_TOLERANCE = 1e-6
 SHOWN_TEXT_LIMIT = 80
 REFERENCE_ROLES = ("assistant", "system", "tool", "user")
-_CHECKLIST_KEYS = frozenset(
-    {
-        "id",
-        "question",
-        "focus_on",
-        "pass_condition",
-        "failure_examples",
-        "weight",
-        "required_for_next_turn",
-    }
+# The keys of a checklist item, in the order the task format lists them.
+CHECKLIST_KEYS = (
+    "id",
+    "question",
+    "focus_on",
+    "pass_condition",
+    "failure_examples",
+    "weight",
+    "required_for_next_turn",
 )
 _EXPECTED_CALL_KEYS = frozenset({"name", "arguments"})
 _ENVIRONMENT_KEYS = frozenset({"name", "initial_state"})
@@ -402,7 +402,7 @@ def _checklist_problems(turn_index: int, items: list[dict[str, Any]]) -> Iterato
     base = f"turns[{turn_index}].checklist"
     first_index: dict[str, int] = {}
     for k, item in enumerate(items):
-        unknown = _unknown_keys(item, _CHECKLIST_KEYS, f"{base}[{k}]")
+        unknown = _unknown_keys(item, frozenset(CHECKLIST_KEYS), f"{base}[{k}]")
         if unknown is not None:
             yield unknown
         if item["id"] in first_index:
