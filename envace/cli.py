@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "envace.storage.cli",
     "envace.cluster.cli",
     "envace.pipeline_cli",
+    "envace.config_cli",
 )
 
 

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
+import io
 import math
+import textwrap
+import tokenize
 import types
 import typing
 from collections.abc import Sequence
@@ -29,6 +34,8 @@ __all__ = [
     "TasksConfig",
     "TrainConfig",
     "WarmStartConfig",
+    "describe_config",
+    "field_docs",
     "load_config",
 ]
 
@@ -38,13 +45,12 @@ __all__ = [
 class TasksConfig:
     """Where tasks come from."""
 
-    # Generate synthetic-world tasks (train/test/gold) when no files are given.
-    n_train: int = 96
-    n_test: int = 48
-    seed: int = 0
-    # Optional task files (JSONL, see docs/task_format.md); override generation when set.
+    n_train: int = 96  # synthetic training tasks generated when train_file is not set
+    n_test: int = 48  # synthetic held-out tasks generated when test_file is not set
+    seed: int = 0  # seed of task generation (the same seed gives the same tasks)
+    # a JSONL task file for RL (docs/task_format.md); set: replaces the generated training tasks
     train_file: str | None = None
-    test_file: str | None = None
+    test_file: str | None = None  # a JSONL task file for held-out evaluation (replaces n_test)
     gold_file: str | None = None  # gold conversations for the warm start
 
 
@@ -60,11 +66,12 @@ class ModelConfig:
     # from scratch with a tokenizer trained on the task corpus (fast unit tests).
     preset: Literal["smollm2-135m", "tiny-4m", "tiny-13m", "test-micro"] = "tiny-4m"
     vocab_size: int = 4096  # tokenizer trained for the tiny model; only for the tiny presets
-    # auto: bfloat16 where the hardware computes it natively (a CUDA GPU with bf16, a CPU with
-    # AVX512-BF16 or AMX), else float32; chosen at start and logged. The tiny presets are built
-    # in float32 whatever this says.
+    # weights' dtype, every model source alike (a resume reloads in it). auto: bfloat16 where
+    # the hardware computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX,
+    # oneDNN's check), else float32; chosen at start and logged
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     enable_thinking: bool = False  # Qwen3 hybrid thinking in the chat template
+    # recompute activations in the backward (less memory, ~30 % more compute), both engines
     gradient_checkpointing: bool = False
 
 
@@ -77,15 +84,18 @@ class RolloutSection:
     mode: Literal["rehearsal", "real", "external"] = "rehearsal"
     n: int = 4  # rollouts per task (GRPO group size per role)
     batch_tasks: int = 16  # tasks per iteration (reference: 16 x 4 = 64 trajectories)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    caller_max_new_tokens: int = 128
-    simulator_max_new_tokens: int = 128
-    max_steps_per_turn: int = 6
-    max_calls_per_message: int = 4
+    temperature: float = 1.0  # sampling temperature of both roles in RL rollouts (0: greedy)
+    top_p: float = 1.0  # nucleus sampling of both roles in RL rollouts (1: off)
+    caller_max_new_tokens: int = 128  # tokens per caller generation (a call or an answer)
+    simulator_max_new_tokens: int = 128  # tokens per rehearsed tool result
+    max_steps_per_turn: int = 6  # caller generations per user turn; more ends the episode
+    max_calls_per_message: int = 4  # tool calls in one caller message; more ends the episode
+    # caller prompt + caller_max_new_tokens, in tokens; a longer episode ends (context_limit)
     max_context_tokens: int = 2048
-    max_sim_prompt_tokens: int = 2048
+    max_sim_prompt_tokens: int = 2048  # simulator prompt budget in tokens (grounding cut first)
     grounding: bool = True  # the simulator sees the task's logged real calls and results
+    # what the simulator prompt lists of the other tools: schemas (full) or names only (the
+    # reference's whitelist; a shorter prompt)
     sim_whitelist: Literal["schemas", "names"] = "schemas"
     # full: the tasks' tool schemas as given. compact: names, types, enums, required fields and
     # descriptions only (no patterns or limits), the same text for caller and simulator in
@@ -112,8 +122,8 @@ class RolloutSection:
     # external mode: a frozen checkpoint path, or an OpenAI-compatible endpoint + model name.
     # Default (both None): a frozen copy of the policy as it was when RL started.
     external_model: str | None = None
-    external_endpoint: str | None = None
-    external_endpoint_model: str = "simulator"
+    external_endpoint: str | None = None  # e.g. http://vllm:8000/v1 (external mode)
+    external_endpoint_model: str = "simulator"  # the `model` name sent to external_endpoint
 
 
 @dataclass
@@ -122,16 +132,23 @@ class AlgoConfig:
 
     # share: both roles update one model (the method). noshare: one model per role (ablation).
     sharing: Literal["share", "noshare"] = "share"
+    # GRPO baseline per role and task: the mean reward of the group's rows (row_mean, the
+    # reference) or of its trajectories (trajectory_mean: long episodes do not weigh more)
     baseline: Literal["row_mean", "trajectory_mean"] = "row_mean"
-    normalize_std: bool = False  # reference: off (Dr. GRPO style)
+    normalize_std: bool = False  # divide advantages by the group's std; reference: off (Dr. GRPO)
+    # a group of one row: baseline 0 (its reward is its advantage) or advantage 0 (no signal)
     singleton: Literal["zero_baseline", "zero_advantage"] = "zero_baseline"
     empty_penalty: float = 0.1  # subtracted from rows with an empty/invalid response
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0  # None disables dual clip
+    clip_low: float = 0.2  # PPO ratio floor 1 - clip_low, in [0, 1)
+    clip_high: float = 0.2  # PPO ratio ceiling 1 + clip_high, >= 0 (DAPO's clip-higher: raise it)
+    # caps a negative-advantage token's loss at dual_clip * |A| (> 1); null: off
+    dual_clip: float | None = 3.0
+    # seq-mean-token-mean: each row's token mean, averaged over rows (the reference);
+    # token-mean: one mean over every token of the batch (long rows weigh more)
     loss_agg_mode: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
     kl_coef: float = 0.0  # KL to the reference model; reference run: off (1e-4 when on)
-    kl_kind: Literal["low_var_kl", "kl", "mse"] = "low_var_kl"
+    kl_kind: Literal["low_var_kl", "kl", "mse"] = "low_var_kl"  # the KL estimator (verl's names)
+    # which roles' rows train: both (the method), or one of them (ablations)
     train_roles: Literal["both", "caller", "simulator"] = "both"
 
 
@@ -139,13 +156,14 @@ class AlgoConfig:
 class TrainConfig:
     """The RL optimisation loop."""
 
+    # torch: one process's AdamW (CPU or one GPU); deepspeed: ZeRO-2/3 over torchrun ranks
     engine: Literal["torch", "deepspeed"] = "torch"
-    iterations: int = 20
+    iterations: int = 20  # RL iterations (rollout + update each); 0: warm start only
     lr: float = 1e-6  # reference (8B): 1e-6 constant
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_iterations: int = 0
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    grad_clip: float = 1.0  # max global gradient norm per optimizer step
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # over train.iterations
+    warmup_iterations: int = 0  # linear lr warm-up, in iterations
     ppo_epochs: int = 1  # optimizer passes over each batch (reference: 1, fully on-policy)
     micro_batch_rows: int = 16  # rows per forward/backward (gradient accumulation)
     # also at most this many padded tokens per forward/backward (as verl's dynamic batch size,
@@ -154,7 +172,7 @@ class TrainConfig:
     micro_batch_tokens: int | None = None
     save_every: int = 10  # checkpoint every K iterations (and at the end)
     eval_every: int = 0  # evaluate on held-out tasks every K iterations (0: only at the end)
-    seed: int = 0
+    seed: int = 0  # seed of RL task sampling and rollout sampling, per iteration
     # engine=deepspeed only. Its `lora` key is the older spelling of trainable: lora with
     # train.lora (and, as that, applies to the warm start too); set one of the two
     deepspeed_config: dict[str, Any] = field(default_factory=dict)
@@ -175,9 +193,9 @@ class TrainConfig:
 class WarmStartConfig:
     """Supervised fine-tuning of both roles on gold conversations before RL."""
 
-    enabled: bool = True
-    epochs: float = 3.0
-    lr: float = 1e-3
+    enabled: bool = True  # false: RL starts from the model as loaded
+    epochs: float = 3.0  # passes over the gold rows (fractions allowed); 0: no step at all
+    lr: float = 1e-3  # peak AdamW step size (cosine schedule after a short linear warm-up)
     batch_rows: int = 16  # rows per optimizer step
     # padded tokens per forward/backward within a step's batch (see train.micro_batch_tokens):
     # the batch's rows are random, so one micro-batch pads every row to the longest. null: one
@@ -193,12 +211,17 @@ class EvalConfig:
 
     max_tasks: int | None = None  # None: every held-out task
     temperature: float = 0.0  # 0: greedy
+    # before each real call, also ask the policy to rehearse its result (rehearsal fidelity)
     probe_fidelity: bool = True
-    n: int = 1
+    n: int = 1  # committed executions per held-out task (success is their mean)
 
 
 @dataclass
 class Config:
+    """The whole run."""
+
+    # seed of the tiny presets' initial weights, the warm start's row order and grounding
+    # dropout, and evaluation sampling (tasks.seed: task generation; train.seed: RL)
     seed: int = 0
     tasks: TasksConfig = field(default_factory=TasksConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -207,11 +230,69 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    tensorboard: bool = True
+    tensorboard: bool = True  # TensorBoard event files under OUT/tensorboard
     wandb_project: str | None = None  # W&B logging when set (needs `pip install wandb`)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# --- documentation ----------------------------------------------------------------------------
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's documentation, read from this file: the comment lines right above the field
+    and its inline comment (a section field: its class docstring). Empty when undocumented."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    comments: dict[int, str] = {}
+    code_lines: set[int] = set()
+    heads: dict[int, str] = {}
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    for i, tok in enumerate(tokens):
+        row = tok.start[0]
+        if tok.type == tokenize.COMMENT:
+            comments[row] = tok.string.lstrip("#").strip()
+        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            code_lines.add(row)
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            if tok.type == tokenize.NAME and tok.start[1] == 4 and nxt and nxt.string == ":":
+                heads[row] = tok.string
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    hints = get_type_hints(cls)
+    docs: dict[str, str] = {}
+    for row, name in heads.items():
+        if name not in names:
+            continue
+        above: list[str] = []
+        r = row - 1
+        while r in comments and r not in code_lines:
+            above.insert(0, comments[r])
+            r -= 1
+        parts = [*above, comments.get(row, "")]
+        if dataclasses.is_dataclass(hints[name]):
+            parts.append(inspect.getdoc(hints[name]) or "")
+        docs[name] = " ".join(p for p in parts if p)
+    return docs
+
+
+def describe_config(cfg: Config) -> str:
+    """The resolved config as YAML-like lines, every field followed by its documentation."""
+    lines: list[str] = []
+
+    def section(obj: Any, indent: str) -> None:
+        docs = field_docs(type(obj))
+        for f in fields(obj):
+            value = getattr(obj, f.name)
+            doc = docs.get(f.name, "")
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{indent}{f.name}:  # {doc}" if doc else f"{indent}{f.name}:")
+                section(value, indent + "  ")
+                continue
+            shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+            shown = shown.removesuffix("\n...").removesuffix("...").strip()
+            lines.append(f"{indent}{f.name}: {shown}" + (f"  # {doc}" if doc else ""))
+
+    section(cfg, "")
+    return "\n".join(lines) + "\n"
 
 
 # --- building and validation ------------------------------------------------------------------
@@ -361,9 +442,6 @@ _RULES: list[tuple[str, Any, str]] = [
         lambda c: c.eval.max_tasks is None or c.eval.max_tasks >= 1,
         "must be >= 1 or null (every held-out task)",
     ),
-    ("algo.clip_low", lambda c: 0 < c.algo.clip_low < 1, "must be in (0, 1)"),
-    ("algo.clip_high", lambda c: c.algo.clip_high > 0, "must be > 0"),
-    ("algo.dual_clip", lambda c: c.algo.dual_clip is None or c.algo.dual_clip > 1, "> 1 or null"),
     ("algo.kl_coef", lambda c: c.algo.kl_coef >= 0, "must be >= 0"),
     ("warm_start.epochs", lambda c: c.warm_start.epochs >= 0, "must be >= 0"),
     (
@@ -388,6 +466,12 @@ def validate(cfg: Config) -> Config:
     for path, ok, rule in _RULES:
         if not ok(cfg):
             raise ConfigError(f"{path}: {_get(cfg, path)!r} {rule}")
+    from envace.algo.clip import check_clip
+
+    try:
+        check_clip(cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.dual_clip)
+    except ConfigError as exc:  # the loss's own rule, named as config keys
+        raise ConfigError(f"algo.{exc}") from None
     if cfg.rollout.mode == "external" and cfg.algo.sharing == "noshare":
         raise ConfigError(
             "algo.sharing: 'noshare' trains a simulator model, but rollout.mode 'external' takes "

@@ -108,3 +108,49 @@ def test_bad_files(tmp_path: Path) -> None:
     bad.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     with pytest.raises(ConfigError, match="not a YAML text file"):
         load_config(bad)
+
+
+def test_every_field_is_documented() -> None:
+    import dataclasses
+
+    from envace.config import Config, field_docs
+
+    sections = [Config, *(type(getattr(Config(), f.name)) for f in dataclasses.fields(Config))]
+    for cls in (c for c in sections if dataclasses.is_dataclass(c)):
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if len(docs.get(f.name, "")) < 8]
+        assert missing == [], (cls.__name__, missing)
+
+
+def test_config_show_prints_values_with_their_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    from envace.cli import main
+
+    local = str(ROOT / "configs" / "local.yaml")
+    assert main(["config", "show", "--config", local, "--set", "train.lr=3e-5"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "train:  # The RL optimisation loop." in lines
+    lr = next(x for x in lines if x.strip().startswith("lr: 3.0e-05"))
+    assert "# reference (8B): 1e-6 constant" in lr
+    assert any(
+        x.strip().startswith("preset: smollm2-135m  # only when path is None") for x in lines
+    )
+    # the printed values read back as the same config
+    import yaml
+
+    data = yaml.safe_load(out)
+    assert data["train"]["lr"] == 3e-5 and data["rollout"]["tool_schemas"] == "compact"
+    assert main(["config", "show", "--set", "algo.clip_low=1"]) == 2
+    assert "algo.clip_low=1.0 must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_the_clip_rule_is_the_losss_own() -> None:
+    from envace.algo.losses import LossConfig
+
+    # 0 is a legal clip_low and clip_high for the loss, so it is for the config
+    cfg = load_config(None, ["algo.clip_low=0", "algo.clip_high=0"])
+    assert (cfg.algo.clip_low, cfg.algo.clip_high) == (0.0, 0.0)
+    LossConfig(clip_low=0.0, clip_high=0.0)
+    for bad in ("algo.clip_low=1", "algo.clip_high=-0.1", "algo.dual_clip=1"):
+        with pytest.raises(ConfigError, match=r"^algo\."):
+            load_config(None, [bad])

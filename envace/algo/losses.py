@@ -17,6 +17,7 @@ from typing import Literal, get_args
 
 import torch
 
+from envace.algo.clip import check_clip
 from envace.algo.kl import KLKind, kl_penalty
 from envace.errors import ConfigError
 
@@ -97,7 +98,7 @@ class LossConfig:
     kl_kind: KLKind = "low_var_kl"
 
     def __post_init__(self) -> None:
-        _check_clip(self.clip_low, self.clip_high, self.dual_clip)
+        check_clip(self.clip_low, self.clip_high, self.dual_clip)
         if self.loss_agg_mode not in _AGGREGATORS:
             raise ConfigError(
                 f"loss_agg_mode={self.loss_agg_mode!r} is unknown; use one of {get_args(AggMode)}"
@@ -142,7 +143,7 @@ def ppo_clip_loss(
     Stats (token means over the mask): clip_frac (the clip bound is the active term),
     dual_clip_frac, approx_kl (mean old - new log-prob), ratio_mean, ratio_max, pg_loss, tokens.
     """
-    _check_clip(clip_low, clip_high, dual_clip)
+    check_clip(clip_low, clip_high, dual_clip)
     valid = _check_shapes(logprobs, old_logprobs, advantages, mask)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     adv = _zero_masked(adv.expand_as(logprobs), valid)  # (B, T)
@@ -266,15 +267,3 @@ def _check_shapes(
             f"(one per row) or {tuple(shape)} (one per token)"
         )
     return mask.bool()
-
-
-def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
-    if not 0 <= clip_low < 1:
-        raise ConfigError(f"clip_low={clip_low} must be in [0, 1): the ratio floor is 1 - clip_low")
-    if not (math.isfinite(clip_high) and clip_high >= 0):
-        raise ConfigError(f"clip_high={clip_high} must be a finite number >= 0")
-    if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1):
-        raise ConfigError(
-            f"dual_clip={dual_clip} must be > 1 (it caps the loss of negative-advantage tokens "
-            "at dual_clip * |A|); use None to turn dual clip off"
-        )

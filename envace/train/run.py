@@ -304,6 +304,8 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
     w = cfg.warm_start
     rows, broken = warm_start_rows(cfg, renderer, splits)
     steps = sft_steps(len(rows), w.epochs, w.batch_rows)
+    if steps == 0:  # warm_start.epochs: 0 trains nothing
+        return {"rows": len(rows), "steps": 0, "final_loss": None, "skipped_gold": broken}
     engine = TorchEngine(
         model,
         w.lr,

@@ -122,6 +122,10 @@ def build_sft_rows(
 
 
 def sft_steps(n_rows: int, epochs: float, batch_rows: int) -> int:
+    """Optimizer steps of `epochs` passes over `n_rows` rows: none for 0 epochs, at least one
+    for any positive number."""
+    if epochs <= 0:
+        return 0
     return max(1, round(epochs * n_rows / batch_rows))
 
 

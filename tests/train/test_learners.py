@@ -115,3 +115,14 @@ def test_learner_is_a_named_triple(new_model: Any) -> None:
     engine = make_engine(load_config(None, MICRO), model, 1)
     lr = Learner("policy", model, engine)
     assert (lr.name, lr.model, lr.engine) == ("policy", model, engine)
+
+
+def test_a_warm_start_of_zero_epochs_trains_nothing(tmp_path: Path) -> None:
+    from envace.train.run import run_main
+
+    cfg = load_config(None, [*MICRO, "warm_start.epochs=0", "train.iterations=0"])
+    summary = run_main(cfg, tmp_path / "run")
+    stages = json.loads((tmp_path / "run" / "stages.json").read_text())
+    assert stages["warm_start_training"]["steps"] == 0
+    # the warm-started policy is the initial one: the same held-out figures
+    assert summary["stages"]["warm_start"] == summary["stages"]["untrained"]
