@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import io
 import math
@@ -238,10 +237,18 @@ class Config:
 
 
 # --- documentation ----------------------------------------------------------------------------
-@functools.cache
+_FIELD_DOCS: dict[type, dict[str, str]] = {}
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's documentation, read from this file: the comment lines right above the field
     and its inline comment (a section field: its class docstring). Empty when undocumented."""
+    if cls not in _FIELD_DOCS:
+        _FIELD_DOCS[cls] = _read_field_docs(cls)
+    return _FIELD_DOCS[cls]
+
+
+def _read_field_docs(cls: type) -> dict[str, str]:
     source = textwrap.dedent(inspect.getsource(cls))
     comments: dict[int, str] = {}
     code_lines: set[int] = set()
