@@ -21,10 +21,12 @@ from typing import Any
 from envace.evaluate.bfcl.adapter import (
     BfclEpisode,
     CategoryScore,
+    bfcl_settings,
     run_bfcl,
     summarize_bfcl,
 )
 from envace.evaluate.bfcl.client import BfclWorker
+from envace.evaluate.bfcl.scoring import bfcl_overall
 from envace.evaluate.metrics import summarize
 from envace.evaluate.rehearsal import (
     RehearsalConfig,
@@ -47,6 +49,7 @@ __all__ = [
     "BfclRun",
     "SyntheticRun",
     "bfcl_episode_record",
+    "bfcl_overall_line",
     "bfcl_report",
     "rehearsal_summary",
     "rehearse_synthetic",
@@ -85,11 +88,14 @@ class BenchmarkReport:
             cols += ["with rehearsal", "gain", "extra tokens / task"]
         rows = [self._row(name, c, gains.get(name)) for name, c in self.categories.items()]
         overall = self.overall
-        rows.append(
-            self._row("overall", overall, (self.rehearsal or {}).get("overall"), "score_micro")
-        )
+        if "bfcl_overall" not in overall:
+            rows.append(
+                self._row("overall", overall, (self.rehearsal or {}).get("overall"), "score_micro")
+            )
         body = ["", markdown_table(cols, rows)]
-        if len(self.categories) > 1:
+        if "bfcl_overall" in overall:
+            body.append("\n" + bfcl_overall_line(overall, self.rehearsal))
+        elif len(self.categories) > 1:
             body.append(f"\nMean over categories (macro): {fmt(overall.get('score_macro'))}")
         if self.rehearsal is not None:
             body.append(
@@ -105,6 +111,20 @@ class BenchmarkReport:
             g = gain or {}
             row += [g.get("success_with"), g.get("gain"), g.get("extra_tokens_per_task")]
         return row
+
+
+def bfcl_overall_line(overall: dict[str, Any], rehearsal: dict[str, Any] | None) -> str:
+    """BFCL's weighted v4 overall beside the share of its weight that ran, and the sections."""
+    line = (
+        f"BFCL overall (bfcl-eval's weighted v4 score; categories not run count 0): "
+        f"{fmt(overall['bfcl_overall'])}, coverage {fmt(overall['coverage'])} of the v4 weight "
+        f"ran ({overall['n']} entries)"
+    )
+    with_rehearsal = (rehearsal or {}).get("bfcl_overall_with_rehearsal")
+    if with_rehearsal is not None:
+        line += f"; with rehearsal {fmt(with_rehearsal['bfcl_overall'])}"
+    sections = ", ".join(f"{k} {fmt(v)}" for k, v in overall["sections"].items())
+    return f"{line}.\nSections (0 where nothing ran): {sections}."
 
 
 def rehearsal_summary(config: dict[str, Any], g: dict[str, Any]) -> str:
@@ -255,9 +275,14 @@ def synthetic_report(
 # --- BFCL --------------------------------------------------------------------------------------
 @dataclass
 class BfclRun:
+    """live_counts: the entries of each live AST category (the weights of BFCL's live section);
+    settings: the run settings the episodes got (reported in `info`)."""
+
     baseline: list[BfclEpisode]
     rehearsed: list[BfclEpisode] | None = None
     outcome: RehearsalOutcome | None = None
+    live_counts: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def run_bfcl_benchmark(
@@ -270,34 +295,39 @@ def run_bfcl_benchmark(
     seed: int = 0,
     progress: bool = False,
 ) -> BfclRun:
+    counts = dict(worker.info["live_counts"])
+    settings = bfcl_settings(policy, cfg, worker)
     baseline = run_bfcl(policy, tasks, cfg, worker, progress=progress)
     if rehearsal is None:
-        return BfclRun(baseline)
+        return BfclRun(baseline, live_counts=counts, settings=settings)
     # attempts take the step limits of the committed episode they rehearse for
     hook = TurnRehearsal(policy, rehearsal, seed=seed, progress=progress)
     rehearsed = run_bfcl(policy, tasks, cfg, worker, progress=progress, before_turn=hook)
-    return BfclRun(baseline, rehearsed, hook.outcome)
+    return BfclRun(baseline, rehearsed, hook.outcome, live_counts=counts, settings=settings)
 
 
 def _bfcl_category(s: CategoryScore) -> dict[str, Any]:
     return {"score": s.accuracy, **s.to_dict()}
 
 
+def _bfcl_overall(episodes: Sequence[BfclEpisode], live_counts: dict[str, int]) -> dict[str, Any]:
+    """BFCL's weighted v4 overall of these episodes, its coverage and the entry count."""
+    accuracy = {c: s.accuracy for c, s in summarize_bfcl(episodes).items()}
+    return {"n": len(episodes), **bfcl_overall(accuracy, live_counts).to_dict()}
+
+
 def bfcl_report(
     run: BfclRun, tasks: Sequence[Task], policy: str, seed: int, info: dict[str, Any]
 ) -> BenchmarkReport:
     scores = summarize_bfcl(run.baseline)
-    cats = {c: _bfcl_category(s) for c, s in scores.items()}
-    n = len(run.baseline)
-    micro = sum(1 for e in run.baseline if e.valid) / n if n else None
     report = BenchmarkReport(
         benchmark="bfcl",
         policy=policy,
         seed=seed,
         score_name="accuracy",
-        categories=cats,
-        overall=_overall(n, micro, [c["score"] for c in cats.values()]),
-        info=info,
+        categories={c: _bfcl_category(s) for c, s in scores.items()},
+        overall=_bfcl_overall(run.baseline, run.live_counts),
+        info={**info, **run.settings},
     )
     if run.rehearsed is not None and run.outcome is not None:
         groups = _group(tasks, lambda t: str(t.meta.get("category")))
@@ -310,6 +340,9 @@ def bfcl_report(
         report.rehearsal["scores_with_rehearsal"] = {
             c: _bfcl_category(s) for c, s in summarize_bfcl(run.rehearsed).items()
         }
+        report.rehearsal["bfcl_overall_with_rehearsal"] = _bfcl_overall(
+            run.rehearsed, run.live_counts
+        )
     return report
 
 

@@ -32,7 +32,11 @@ def register(sub: Any) -> None:
         "--benchmark",
         default="synthetic",
         help="synthetic (the --tasks file, default) | bfcl:CATEGORIES with CATEGORIES a comma "
-        "list of simple, multiple, parallel, parallel_multiple, multi_turn_base, or all",
+        "list of BFCL v4 categories (simple_python, simple_java, simple_javascript, multiple, "
+        "parallel, parallel_multiple, irrelevance, live_simple, live_multiple, live_parallel, "
+        "live_parallel_multiple, live_irrelevance, multi_turn_base, multi_turn_miss_func, "
+        "multi_turn_miss_param, multi_turn_long_context, memory_kv, memory_rec_sum) or groups "
+        "(simple: the three languages; non_live, live, single_turn, multi_turn, memory, all)",
     )
     p.add_argument("--tasks", type=Path, help="task JSONL file (held-out split; synthetic only)")
     p.add_argument("--out", required=True, type=Path, help="output directory")
@@ -53,7 +57,8 @@ def register(sub: Any) -> None:
         "--max-steps-per-turn",
         type=int,
         default=8,
-        help="caller generations per user turn (multi-turn; BFCL single-turn entries get 1)",
+        help="caller generations per user turn (synthetic; BFCL uses bfcl-eval's limits: 1 for "
+        "single-turn entries, 20 steps with calls and then an answer per turn otherwise)",
     )
     p.add_argument(
         "--tool-schemas",

@@ -67,6 +67,9 @@ class RolloutConfig:
     # full: the task's tool schemas as given. compact: descriptions, types, enums and required
     # fields only (envace.policy.prompts.compact_tools), for the caller and the simulator alike
     tool_schemas: Literal["full", "compact"] = "full"
+    # True: a malformed caller output only ends its user turn (the next turn follows), as
+    # BFCL's inference skips an undecodable step; False: it ends the episode
+    format_error_ends_turn: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,9 @@ class Episode:
         if parsed.error is not None:
             self.traj.parse_errors += 1
             self.traj.messages.append({"role": "assistant", "content": gen.text})
+            if self.cfg.format_error_ends_turn:
+                self.state = State.TURN_DONE
+                return
             self._fail_turn(EndReason.CALLER_FORMAT_ERROR, parsed.error)
             return
         calls = parsed.calls

@@ -1,4 +1,5 @@
-"""Scripted policies for BFCL: the ground-truth replay (must score 100%) and the empty floor."""
+"""Scripted policies for BFCL: the ground-truth replay (scores 1.0 wherever BFCL's ground truth
+is passable) and the empty floor (1.0 on irrelevance, 0 elsewhere)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def _text_generation(text: str, renderer: ChatRenderer | None) -> Generation:
 
 
 class BfclOraclePolicy:
-    """Replays BFCL's ground truth: each turn's answer calls in ONE message, then "Done.".
+    """Replays BFCL's ground truth: each turn's answer calls in ONE message, then "Done." (a
+    memory question: its first accepted answer instead).
 
     One message per turn is BFCL's own single-turn format (parallel answers are one response)
     and, for multi-turn entries, a valid sequence of steps (the world executes the calls of a
@@ -41,16 +43,18 @@ class BfclOraclePolicy:
         if req.role is Role.SIMULATOR:
             return _REHEARSED_OK
         ep = req.episode
-        expected = ep.task.turns[ep.turn].expected_calls
+        turn = ep.task.turns[ep.turn]
+        expected = turn.expected_calls
         if ep.turn_calls or not expected:
-            return "Done."
+            return turn.answer_facts[0] if turn.answer_facts else "Done."
         return format_assistant_response(
             "", [ToolCall(c.name, dict(c.arguments)) for c in expected]
         )
 
 
 class EmptyPolicy:
-    """Answers nothing (an empty message) in both roles: the floor, about 0 everywhere."""
+    """Answers nothing (an empty message) in both roles: the floor (no call: right only where no
+    call is the answer, BFCL's irrelevance categories)."""
 
     trainable = False
 
