@@ -87,7 +87,29 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     work = args.work_dir or Path("runs") / args.run_name
     store = join_uri(args.store, args.run_name) if args.store else None
+    resume = args.resume or _restarted()
     # refuses torch with WORLD_SIZE > 1
-    run_main(cfg, work, store=store, resume=args.resume, overwrite=args.overwrite)
+    run_main(cfg, work, store=store, resume=resume, overwrite=args.overwrite)
     leave_job(cfg)
     return 0
+
+
+# The TrainingRuntime sets it from the pod's `jobset.sigs.k8s.io/restart-attempt` label: JobSet
+# recreates a failed job's pods (up to the TrainJob's maxRestarts) with that count raised.
+RESTART_ATTEMPT_ENV = "ENVACE_RESTART_ATTEMPT"
+
+
+def _restarted() -> bool:
+    """Whether this process is a restart of the job (restart attempt >= 1): then the run
+    continues from the newest complete checkpoint in the store, with no user action (the first
+    attempt refuses a run name that already holds a run unless --resume is given)."""
+    import logging
+    import os
+
+    raw = os.environ.get(RESTART_ATTEMPT_ENV, "").strip()
+    attempt = int(raw) if raw.isdigit() else 0
+    if attempt:
+        logging.getLogger(__name__).info(
+            "restart attempt %d of this job: resuming from the newest complete checkpoint", attempt
+        )
+    return attempt > 0

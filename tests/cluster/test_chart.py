@@ -233,6 +233,10 @@ def test_runtime_runs_envace_train_under_torchrun(default_objects: list[dict[str
     assert env["ENVACE_RUN_NAME"] == {
         "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}
     }
+    # a restarted job resumes (tests/train/test_restart.py): JobSet's restart counter label
+    assert env["ENVACE_RESTART_ATTEMPT"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}
+    }
     config_mount = next(m for m in node["volumeMounts"] if m["mountPath"] == "/etc/envace")
     config_volume = next(v for v in pod["volumes"] if v["name"] == config_mount["name"])
     assert config_volume["configMap"]["name"] == "envace-config"
