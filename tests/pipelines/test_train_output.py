@@ -14,6 +14,7 @@ from envace.cli import main
 from envace.config import Config, load_config
 from envace.errors import UserInputError
 from envace.policy.hf_backend import load_model_and_tokenizer
+from envace.stages.steps import _check_train_output as check_train_output
 from envace.storage.artifacts import commit_dir, verify
 from envace.storage.manifest import MANIFEST_NAME
 from tests.pipelines.test_stages import _rows, _store_rows
@@ -73,7 +74,7 @@ def test_train_step_refuses_an_output_overlapping_an_input(
 
 def test_minio_and_s3_spellings_of_one_location_overlap() -> None:
     with pytest.raises(UserInputError, match="is inside the input checkpoint"):
-        stages._check_train_output("minio://b-1/run/ckpt", "s3://b-1/rows", "s3://b-1/run/ckpt/x")
+        check_train_output("minio://b-1/run/ckpt", "s3://b-1/rows", "s3://b-1/run/ckpt/x")
 
 
 @pytest.mark.parametrize("iterations", ["0", "-1"])
