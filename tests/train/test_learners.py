@@ -45,7 +45,7 @@ def test_gradient_checkpointing_applies_to_the_torch_engine(new_model: Any) -> N
 def test_both_orchestrations_build_their_learners_here() -> None:
     """`envace run` and the pipeline's train step share one engine factory, learner set and
     trainer state (by construction: neither module defines its own)."""
-    import envace.stages as stages
+    import envace.stages.steps as stages
     import envace.train.run as run
 
     for module in (run, stages):
