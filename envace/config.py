@@ -15,7 +15,7 @@ import textwrap
 import tokenize
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -36,6 +36,7 @@ __all__ = [
     "describe_config",
     "field_docs",
     "load_config",
+    "load_yaml",
 ]
 
 
@@ -303,6 +304,16 @@ def describe_config(cfg: Config) -> str:
 
 
 # --- building and validation ------------------------------------------------------------------
+def _shown(value: Any, limit: int = 80) -> str:
+    """`repr(value)` for a message, cut to `limit` characters: a bad value can be a whole
+    document, or hold an integer too long for repr (Python refuses over 4300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "<a number too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _type_name(tp: Any) -> str:
     if tp is bool:
         return "true or false"
@@ -321,7 +332,7 @@ def _coerce_union(path: str, value: Any, tp: Any) -> Any:
             return _coerce(path, value, opt)
         except ConfigError as exc:
             errors.append(str(exc))
-    raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
+    raise ConfigError(errors[0] if errors else f"{path}: bad value {_shown(value)}")
 
 
 def _coerce_scalar(path: str, value: Any, tp: Any) -> Any:
@@ -332,15 +343,18 @@ def _coerce_scalar(path: str, value: Any, tp: Any) -> Any:
     if tp is bool and isinstance(value, bool):
         return value
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is int and is_number and float(value).is_integer():
+    if tp is int and isinstance(value, int) and is_number:
+        return value
+    if tp is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if tp is float and is_number:
-        if not math.isfinite(value):
-            raise ConfigError(f"{path}: {value!r} is not a finite number")
-        return float(value)
+        as_float = float(value) if abs(value) < 1e308 else math.inf  # a huge YAML int
+        if not math.isfinite(as_float):
+            raise ConfigError(f"{path}: {_shown(value)} is not a finite number")
+        return as_float
     if tp is str and isinstance(value, str):
         return value
-    raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{path}: expected {_type_name(tp)}, got {_shown(value)}")
 
 
 def _coerce(path: str, value: Any, tp: Any) -> Any:
@@ -350,11 +364,11 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
     if origin is Literal:
         if value in get_args(tp):
             return value
-        raise ConfigError(f"{path}: {value!r} is not one of {_type_name(tp)}")
+        raise ConfigError(f"{path}: {_shown(value)} is not one of {_type_name(tp)}")
     if origin is dict:
         if isinstance(value, dict):
             return value
-        raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        raise ConfigError(f"{path}: expected a mapping, got {_shown(value)}")
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     return _coerce_scalar(path, value, tp)
@@ -364,38 +378,87 @@ def _build(cls: Any, data: Any, prefix: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or '<root>'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{prefix or '<root>'}: expected a mapping, got {_shown(data)}")
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=repr)  # YAML keys need not be strings
     if unknown:
         where = prefix or "<root>"
         raise ConfigError(
-            f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}"
+            f"{where}: unknown key {_shown(unknown[0])}; known keys: {', '.join(sorted(known))}"
         )
     kwargs = {k: _coerce(f"{prefix}.{k}" if prefix else k, v, hints[k]) for k, v in data.items()}
     return cls(**kwargs)
 
 
-_RULES: list[tuple[str, Any, str]] = [
+SEED_LIMIT = 2**32  # seeds lie in [0, 2**32): what random, numpy and torch all accept
+MAX_TASKS = 1_000_000  # synthetic tasks generated (held in memory)
+MAX_TOKENS = 131_072  # any token budget (Qwen3's longest context); static KV caches are this long
+MAX_TRAJECTORIES = 16_384  # rollout.n * rollout.batch_tasks per RL iteration (reference: 64)
+_TOKEN_BYTES = 12  # per kept rollout token: its id (int64) and its log-prob (float32)
+
+
+def _seed(value: int) -> bool:
+    return 0 <= value < SEED_LIMIT
+
+
+def _tokens(value: int) -> bool:
+    return 1 <= value <= MAX_TOKENS
+
+
+def _temperature(value: float) -> bool:
+    """0 (greedy) or a temperature sampling can use: a tiny positive one divides the logits
+    toward overflow (inf and NaN probabilities)."""
+    return value == 0 or 1e-3 <= value <= 100
+
+
+def _trajectories_rule(c: Config) -> str:
+    r = c.rollout
+    count = r.n * r.batch_tasks
+    gib = count * r.max_context_tokens * _TOKEN_BYTES / 2**30
+    return (
+        f"x rollout.batch_tasks {r.batch_tasks} = {count} trajectories per RL iteration, over the"
+        f" limit of {MAX_TRAJECTORIES}: each holds up to rollout.max_context_tokens"
+        f" ({r.max_context_tokens}) tokens, about {gib:.1f} GiB of token ids and log-probs alone"
+        " before any activation; lower rollout.n or rollout.batch_tasks"
+    )
+
+
+# (key path, predicate over the whole config, what the value must be: text, or a function of the
+# config for a message with numbers in it). Every numeric field has a rule here (the clip
+# settings are checked by envace.algo.clip.check_clip, in validate); tests/test_config.py checks.
+Rule = tuple[str, Callable[[Config], bool], str | Callable[[Config], str]]
+_RULES: list[Rule] = [
+    ("seed", lambda c: _seed(c.seed), f"must be in [0, {SEED_LIMIT}) (2**32)"),
+    ("tasks.seed", lambda c: _seed(c.tasks.seed), f"must be in [0, {SEED_LIMIT}) (2**32)"),
+    ("train.seed", lambda c: _seed(c.train.seed), f"must be in [0, {SEED_LIMIT}) (2**32)"),
     ("rollout.n", lambda c: c.rollout.n >= 1, "must be >= 1 (rollouts per task)"),
     ("rollout.batch_tasks", lambda c: c.rollout.batch_tasks >= 1, "must be >= 1"),
-    ("rollout.temperature", lambda c: c.rollout.temperature >= 0, "must be >= 0"),
+    (
+        "rollout.n",
+        lambda c: c.rollout.n * c.rollout.batch_tasks <= MAX_TRAJECTORIES,
+        _trajectories_rule,
+    ),
+    (
+        "rollout.temperature",
+        lambda c: _temperature(c.rollout.temperature),
+        "must be 0 (greedy) or in [0.001, 100]",
+    ),
     ("rollout.top_p", lambda c: 0 < c.rollout.top_p <= 1, "must be in (0, 1]"),
     (
         "rollout.caller_max_new_tokens",
-        lambda c: c.rollout.caller_max_new_tokens >= 1,
-        "must be >= 1",
+        lambda c: _tokens(c.rollout.caller_max_new_tokens),
+        f"must be in [1, {MAX_TOKENS}]",
     ),
     (
         "rollout.compile_decode",
         lambda c: not c.rollout.compile_decode or c.rollout.decode != "generate",
         "compiles the static decoder's step: needs rollout.decode: static or auto",
     ),
-    ("train.iterations", lambda c: c.train.iterations >= 0, "must be >= 0"),
+    ("train.iterations", lambda c: 0 <= c.train.iterations <= 10**6, "must be in [0, 1000000]"),
     ("train.lr", lambda c: 0 < c.train.lr < 1, "must be in (0, 1) (an AdamW step size)"),
     ("train.grad_clip", lambda c: c.train.grad_clip > 0, "must be > 0"),
-    ("train.ppo_epochs", lambda c: c.train.ppo_epochs >= 1, "must be >= 1"),
+    ("train.ppo_epochs", lambda c: 1 <= c.train.ppo_epochs <= 100, "must be in [1, 100]"),
     ("train.micro_batch_rows", lambda c: c.train.micro_batch_rows >= 1, "must be >= 1"),
     (
         "train.micro_batch_tokens",
@@ -409,7 +472,11 @@ _RULES: list[tuple[str, Any, str]] = [
     ),
     ("train.save_every", lambda c: c.train.save_every >= 1, "must be >= 1"),
     ("train.weight_decay", lambda c: c.train.weight_decay >= 0, "must be >= 0"),
-    ("train.warmup_iterations", lambda c: c.train.warmup_iterations >= 0, "must be >= 0"),
+    (
+        "train.warmup_iterations",
+        lambda c: 0 <= c.train.warmup_iterations <= 10**6,
+        "must be in [0, 1000000]",
+    ),
     ("train.eval_every", lambda c: c.train.eval_every >= 0, "must be >= 0 (0: at the end)"),
     (
         "train.top_layers",
@@ -418,14 +485,18 @@ _RULES: list[tuple[str, Any, str]] = [
     ),
     (
         "rollout.simulator_max_new_tokens",
-        lambda c: c.rollout.simulator_max_new_tokens >= 1,
-        "must be >= 1",
+        lambda c: _tokens(c.rollout.simulator_max_new_tokens),
+        f"must be in [1, {MAX_TOKENS}]",
     ),
-    ("rollout.max_steps_per_turn", lambda c: c.rollout.max_steps_per_turn >= 1, "must be >= 1"),
+    (
+        "rollout.max_steps_per_turn",
+        lambda c: 1 <= c.rollout.max_steps_per_turn <= 1000,
+        "must be in [1, 1000]",
+    ),
     (
         "rollout.max_calls_per_message",
-        lambda c: c.rollout.max_calls_per_message >= 1,
-        "must be >= 1",
+        lambda c: 1 <= c.rollout.max_calls_per_message <= 1000,
+        "must be in [1, 1000]",
     ),
     (
         "rollout.max_context_tokens",
@@ -433,32 +504,60 @@ _RULES: list[tuple[str, Any, str]] = [
         "must exceed rollout.caller_max_new_tokens (the prompt needs room)",
     ),
     (
-        "rollout.max_sim_prompt_tokens",
-        lambda c: c.rollout.max_sim_prompt_tokens >= 1,
-        "must be >= 1",
+        "rollout.max_context_tokens",
+        lambda c: c.rollout.max_context_tokens <= MAX_TOKENS,
+        f"must be <= {MAX_TOKENS}",
     ),
-    ("rollout.max_batch_size", lambda c: c.rollout.max_batch_size >= 1, "must be >= 1"),
-    ("model.vocab_size", lambda c: c.model.vocab_size >= 512, "must be >= 512 (byte-level BPE)"),
+    (
+        "rollout.max_sim_prompt_tokens",
+        lambda c: _tokens(c.rollout.max_sim_prompt_tokens),
+        f"must be in [1, {MAX_TOKENS}]",
+    ),
+    (
+        "rollout.max_batch_size",
+        lambda c: 1 <= c.rollout.max_batch_size <= 4096,
+        "must be in [1, 4096]",
+    ),
+    (
+        "model.vocab_size",
+        lambda c: 512 <= c.model.vocab_size <= 262_144,
+        "must be in [512, 262144] (byte-level BPE)",
+    ),
     ("warm_start.lr", lambda c: 0 < c.warm_start.lr < 1, "must be in (0, 1) (AdamW)"),
     ("warm_start.batch_rows", lambda c: c.warm_start.batch_rows >= 1, "must be >= 1"),
-    ("warm_start.max_tokens", lambda c: c.warm_start.max_tokens >= 1, "must be >= 1"),
-    ("eval.n", lambda c: c.eval.n >= 1, "must be >= 1 (executions per held-out task)"),
-    ("eval.temperature", lambda c: c.eval.temperature >= 0, "must be >= 0 (0: greedy)"),
+    (
+        "warm_start.max_tokens",
+        lambda c: _tokens(c.warm_start.max_tokens),
+        f"must be in [1, {MAX_TOKENS}]",
+    ),
+    ("eval.n", lambda c: 1 <= c.eval.n <= 1000, "must be in [1, 1000] (executions per task)"),
+    (
+        "eval.temperature",
+        lambda c: _temperature(c.eval.temperature),
+        "must be 0 (greedy) or in [0.001, 100]",
+    ),
     (
         "eval.max_tasks",
         lambda c: c.eval.max_tasks is None or c.eval.max_tasks >= 1,
         "must be >= 1 or null (every held-out task)",
     ),
     ("algo.kl_coef", lambda c: c.algo.kl_coef >= 0, "must be >= 0"),
-    ("warm_start.epochs", lambda c: c.warm_start.epochs >= 0, "must be >= 0"),
+    ("algo.empty_penalty", lambda c: c.algo.empty_penalty >= 0, "must be >= 0 (subtracted)"),
+    (
+        "warm_start.epochs",
+        lambda c: 0 <= c.warm_start.epochs <= 10_000,
+        "must be in [0, 10000] (0: no warm-start step)",
+    ),
     (
         "warm_start.grounding_dropout",
         lambda c: 0 <= c.warm_start.grounding_dropout <= 1,
-        "in [0, 1]",
+        "must be in [0, 1]",
     ),
-    ("tasks.n_train", lambda c: c.tasks.n_train >= 1, "must be >= 1"),
-    ("tasks.n_test", lambda c: c.tasks.n_test >= 1, "must be >= 1"),
+    ("tasks.n_train", lambda c: 1 <= c.tasks.n_train <= MAX_TASKS, f"must be in [1, {MAX_TASKS}]"),
+    ("tasks.n_test", lambda c: 1 <= c.tasks.n_test <= MAX_TASKS, f"must be in [1, {MAX_TASKS}]"),
 ]
+# validate checks these with envace.algo.clip.check_clip, not _RULES.
+_CHECKED_ELSEWHERE = ("algo.clip_low", "algo.clip_high", "algo.dual_clip")
 
 
 def _get(cfg: Config, path: str) -> Any:
@@ -472,7 +571,8 @@ def validate(cfg: Config) -> Config:
     """Single-field ranges and cross-field rules; raises ConfigError naming the key and fix."""
     for path, ok, rule in _RULES:
         if not ok(cfg):
-            raise ConfigError(f"{path}: {_get(cfg, path)!r} {rule}")
+            text = rule if isinstance(rule, str) else rule(cfg)
+            raise ConfigError(f"{path}: {_shown(_get(cfg, path))} {text}")
     from envace.algo.clip import check_clip
 
     try:
@@ -505,12 +605,170 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+# --- reading YAML -----------------------------------------------------------------------------
+MAX_CONFIG_BYTES = 1024 * 1024  # a config file larger than 1 MiB is refused unread
+MAX_YAML_VALUES = 10_000  # values (mapping keys count) of one document, aliases expanded
+MAX_YAML_DEPTH = 64  # nesting of mappings and lists, aliases expanded
+# YAML tags a config may hold: what JSON (OUT/config.json) can hold, plus merge keys (`<<`).
+_PLAIN_TAGS = {
+    f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "str", "seq", "map")
+}
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _NotYAML(ConfigError):
+    """The text does not parse as YAML at all (as opposed to YAML a config may not hold)."""
+
+
+def _line(node_or_mark: Any) -> int:
+    mark = getattr(node_or_mark, "start_mark", node_or_mark)
+    return int(mark.line) + 1 if mark is not None else 0
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing what it would accept quietly: a key given twice in one
+    mapping (PyYAML keeps the last) and nesting deeper than MAX_YAML_DEPTH (its composer
+    recurses, so a deep document would end in a RecursionError)."""
+
+    source = "<yaml>"
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise ConfigError(
+                    f"{self.source}: line {_line(self.peek_event())}: nested more than"
+                    f" {MAX_YAML_DEPTH} levels deep; a config is a few levels of sections"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            self._refuse_duplicates(node)
+        return super().construct_mapping(node, deep=deep)
+
+    def _refuse_duplicates(self, node: yaml.MappingNode) -> None:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # `<<: *base` entries may be overridden on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first.get(key)
+            except TypeError:  # an unhashable key: PyYAML's own error names it
+                continue
+            if seen is not None:
+                raise ConfigError(
+                    f"{self.source}: line {_line(key_node)}: key {key!r} is given twice in one"
+                    f" mapping (first at line {seen}); PyYAML would keep only the last: keep one"
+                )
+            first[key] = _line(key_node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_graph(root: yaml.Node, source: str) -> None:
+    """Refuse before anything is built: a recursive anchor, a document whose aliases expand
+    past MAX_YAML_VALUES values or MAX_YAML_DEPTH levels (an "alias bomb": each alias is a
+    copy once expanded), and tags JSON cannot hold. Linear in the composed node graph."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = _children(node)
+            size[key] = min(1 + sum(size[id(k)] for k in kids), MAX_YAML_VALUES + 1)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            on_path.discard(key)
+            if size[key] > MAX_YAML_VALUES or depth[key] > MAX_YAML_DEPTH:
+                _refuse_expansion(node, source, size[key] > MAX_YAML_VALUES)
+            continue
+        if key in size:
+            continue
+        if node.tag not in _PLAIN_TAGS and node.tag != _MERGE_TAG:
+            raise ConfigError(
+                f"{source}: line {_line(node)}: a {node.tag.rsplit(':', 1)[-1]!r} value has no"
+                " place in a config (it must fit in JSON); quote it to make it a string"
+            )
+        on_path.add(key)
+        stack.append((node, True))
+        for kid in _children(node):
+            if id(kid) in on_path:
+                raise ConfigError(
+                    f"{source}: line {_line(kid)}: an alias refers to a mapping or list that"
+                    " contains it (a recursive anchor); a config must be a tree"
+                )
+            if id(kid) not in size:
+                stack.append((kid, False))
+
+
+def _refuse_expansion(node: yaml.Node, source: str, too_many: bool) -> None:
+    what = (
+        f"more than {MAX_YAML_VALUES} values"
+        if too_many
+        else f"more than {MAX_YAML_DEPTH} levels of nesting"
+    )
+    raise ConfigError(
+        f"{source}: line {_line(node)}: this value expands to {what} once its aliases (*name)"
+        " are copied in; write the config out without aliases that multiply"
+    )
+
+
+def _as_tree(value: Any) -> Any:
+    """A copy where every alias is its own object, so that an override of one copy (`--set`)
+    cannot change another. Bounded: `_check_graph` capped the expanded size and depth."""
+    if isinstance(value, dict):
+        return {k: _as_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_tree(v) for v in value]
+    return value
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """One YAML document as plain data; ConfigError naming `source` (and a line) for invalid
+    YAML, a duplicate key, a recursive anchor, a value too large once aliases are expanded, or
+    a tag JSON cannot hold."""
+    try:
+        loader = _StrictLoader(text)  # reads the first characters already: may raise
+    except yaml.YAMLError as exc:
+        raise _NotYAML(f"{source}: not valid YAML: {exc}") from None
+    loader.source = source
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_graph(node, source)
+        return _as_tree(loader.construct_document(node))
+    except yaml.YAMLError as exc:
+        raise _NotYAML(f"{source}: not valid YAML: {exc}") from None
+    except ValueError as exc:  # an integer past Python's 4300-digit limit
+        reason = str(exc).split(":", 1)[0]
+        raise ConfigError(f"{source}: a value cannot be read ({reason}); shorten it") from None
+    finally:
+        loader.dispose()
+
+
 def _parse_scalar(item: str, text: str) -> Any:
     if text == "":
         return ""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return load_yaml(text, f"--set {item!r}")
+    except _NotYAML:
         raise ConfigError(
             f"--set {item!r}: the value is not a YAML scalar; quote a string value"
             " (--set 'key.path=\"...\"') or give a number, true/false or null"
@@ -526,28 +784,41 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         parts = key.strip().split(".")
         node = data
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # `tasks:` with nothing under it is an empty section
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is not a section")
         node[parts[-1]] = _parse_scalar(item, raw)
     return data
 
 
+def _read_config_text(p: Path) -> str:
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{p}: config file not found (see configs/ for examples)") from exc
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{p}: larger than {MAX_CONFIG_BYTES} bytes (1 MiB); a config is a few KiB:"
+            " is this the right file?"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a YAML text file (not UTF-8: {exc.reason})") from exc
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults <- YAML file <- overrides, then validation."""
+    """Defaults <- YAML file <- overrides, then validation (nothing is written here, so a
+    refused config leaves every output as it was)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"{p}: config file not found (see configs/ for examples)") from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{p}: not a YAML text file (not UTF-8: {exc.reason})") from exc
-        except OSError as exc:
-            raise ConfigError(f"{p}: cannot read the config file: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        loaded = load_yaml(_read_config_text(p), str(p))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = loaded or {}

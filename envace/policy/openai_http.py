@@ -28,13 +28,14 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 
 from envace.errors import ConfigError, EnvaceError
 from envace.policy.types import SamplingParams
 from envace.retry import backoff_delay
+from envace.storage.uri import redact_url as _redact
 
 __all__ = [
     "ChatError",
@@ -94,16 +95,6 @@ def json_schema_format(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
         "type": "json_schema",
         "json_schema": {"name": name, "schema": dict(schema), "strict": True},
     }
-
-
-def _redact(url: str) -> str:
-    """`url` without user:password, so it can appear in errors and logs."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def normalise_base_urls(base_url: str | Sequence[str]) -> list[str]:

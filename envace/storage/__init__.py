@@ -14,6 +14,7 @@ from envace.storage.checkpoints import (
     checkpoint_name,
     checkpoint_step,
     checkpoint_uri,
+    fetch_latest,
     latest_complete,
     list_checkpoints,
 )
@@ -25,6 +26,7 @@ from envace.storage.errors import (
     StoreAccessError,
     StoreError,
     StoreUnavailableError,
+    UnsafeTreeError,
 )
 from envace.storage.local import LocalStore
 from envace.storage.manifest import MANIFEST_NAME, Manifest, ManifestEntry
@@ -52,11 +54,13 @@ __all__ = [
     "StoreError",
     "StoreURI",
     "StoreUnavailableError",
+    "UnsafeTreeError",
     "checkpoint_name",
     "checkpoint_step",
     "checkpoint_uri",
     "commit_dir",
     "fetch_dir",
+    "fetch_latest",
     "join_key",
     "join_uri",
     "latest_complete",

@@ -8,6 +8,10 @@ Several processes can commit one directory together (the ranks of a training job
 its own shard files): the writer calls `uncommit`, every process `upload_files` its part, and
 the writer then `write_manifest`s the union of their entries.
 
+A commit stores regular files only: symbolic links are refused unless followed on request,
+dangling links and special files always, temporary files of killed writers are left out (see
+`scan_dir`); a download never writes through a link in its destination.
+
 A reader trusts a directory only when its manifest is present and matches. So a writer killed at
 any point leaves nothing a reader accepts: before the manifest lands the directory is "partial",
 and re-committing over an existing artifact removes its old manifest first.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from envace.errors import UserInputError
@@ -31,6 +36,7 @@ from envace.storage.errors import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,
     ObjectNotFoundError,
+    UnsafeTreeError,
 )
 from envace.storage.local import LocalStore
 from envace.storage.manifest import MANIFEST_NAME, Manifest, ManifestEntry, scan_dir
@@ -111,6 +117,74 @@ def uncommit(
     return removed
 
 
+def _source_files(
+    local_dir: str | Path, follow_symlinks: bool
+) -> tuple[Path, list[tuple[str, Path]]]:
+    """The folder to commit and its files; refused (nothing stored yet) when it is no folder
+    or holds what an artifact cannot store (see `scan_dir`)."""
+    src = Path(local_dir)
+    if not src.is_dir():
+        raise UserInputError(f"cannot commit {src}: not a directory")
+    return src, scan_dir(src, follow_symlinks=follow_symlinks)
+
+
+def _links_on_paths(base: Path, rels: Iterable[str]) -> list[str]:
+    """The paths under `base` on the way to (or at) one of `rels` that are symbolic links:
+    writing there would write wherever the link points."""
+    found: list[str] = []
+    checked: set[str] = set()
+    for rel in rels:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            if sub not in checked:
+                checked.add(sub)
+                if (base / sub).is_symlink():
+                    found.append(f"{base / sub} -> {os.readlink(base / sub)}")
+                    break
+    return found
+
+
+def _refuse_links(base: Path, rels: Iterable[str], action: str) -> None:
+    links = _links_on_paths(base, rels)
+    if links:
+        shown = ", ".join(links[:3]) + (", ..." if len(links) > 3 else "")
+        raise UnsafeTreeError(
+            f"{action}: {shown} is a symbolic link, and writing through it would put files"
+            f" outside {base}; remove the link(s) or choose an empty folder"
+        )
+
+
+def _upload(
+    src: Path,
+    files: list[tuple[str, Path]],
+    uri: str,
+    config: S3Settings | None,
+    retry: RetryPolicy | None,
+    progress: ProgressCallback | None,
+) -> list[ManifestEntry]:
+    store, prefix = open_store(uri, config, retry=retry)
+    if isinstance(store, LocalStore) and not _same_dir(store, src):
+        keys = [join_key(prefix, rel) for rel, _ in files]
+        _refuse_links(
+            store.root, [*keys, join_key(prefix, MANIFEST_NAME)], f"cannot store at {uri}"
+        )
+    entries = []
+    for rel, path in files:
+        try:
+            digest = store.put_file(path, join_key(prefix, rel), progress)
+        except OSError as exc:  # an unreadable file, or a full local store
+            raise UserInputError(
+                f"cannot commit {src} to {uri}: {exc.strerror or exc} at"
+                f" {exc.filename or path}; fix it and commit again (nothing was committed)"
+            ) from exc
+        entries.append(ManifestEntry(rel, digest.size, digest.sha256))
+    if isinstance(store, LocalStore):
+        # The manifest must never reach the disk before the files it vouches for.
+        fsync_files(store.path(join_key(prefix, e.path)) for e in entries)
+    return entries
+
+
 def upload_files(
     local_dir: str | Path,
     uri: str,
@@ -118,21 +192,13 @@ def upload_files(
     *,
     retry: RetryPolicy | None = None,
     progress: ProgressCallback | None = None,
+    follow_symlinks: bool = False,
 ) -> list[ManifestEntry]:
     """Store every file of `local_dir` at `uri` (durably) and return their manifest entries;
-    no manifest is written."""
-    src = Path(local_dir)
-    if not src.is_dir():
-        raise UserInputError(f"cannot commit {src}: not a directory")
-    store, prefix = open_store(uri, config, retry=retry)
-    entries = []
-    for rel, path in scan_dir(src):
-        digest = store.put_file(path, join_key(prefix, rel), progress)
-        entries.append(ManifestEntry(rel, digest.size, digest.sha256))
-    if isinstance(store, LocalStore):
-        # The manifest must never reach the disk before the files it vouches for.
-        fsync_files(store.path(join_key(prefix, e.path)) for e in entries)
-    return entries
+    no manifest is written. Symbolic links are refused unless `follow_symlinks` (see
+    `scan_dir`)."""
+    src, files = _source_files(local_dir, follow_symlinks)
+    return _upload(src, files, uri, config, retry, progress)
 
 
 def write_manifest(
@@ -157,15 +223,18 @@ def commit_dir(
     *,
     retry: RetryPolicy | None = None,
     progress: ProgressCallback | None = None,
+    follow_symlinks: bool = False,
 ) -> Manifest:
     """Store every file of `local_dir` at `uri`, then write MANIFEST.json last.
 
-    Committing a local folder onto itself only hashes the files and writes the manifest.
+    Committing a local folder onto itself only hashes the files and writes the manifest. The
+    folder is scanned before anything changes at `uri`: a folder that is refused (symbolic
+    links without `follow_symlinks`, dangling links, special files) leaves an artifact already
+    there committed as it was.
     """
-    if not Path(local_dir).is_dir():
-        raise UserInputError(f"cannot commit {local_dir}: not a directory")
+    src, files = _source_files(local_dir, follow_symlinks)
     uncommit(uri, config, retry=retry)
-    entries = upload_files(local_dir, uri, config, retry=retry, progress=progress)
+    entries = _upload(src, files, uri, config, retry, progress)
     return write_manifest(uri, entries, config, retry=retry)
 
 
@@ -217,7 +286,9 @@ def fetch_dir(
 ) -> Manifest:
     """Download the committed artifact at `uri` into `local_dir`, checking every file.
 
-    Refuses (ArtifactIntegrityError) a missing, partial or corrupt artifact. The local copy gets
+    Refuses (ArtifactIntegrityError) a missing, partial or corrupt artifact, and (UnsafeTreeError,
+    before writing anything) a `local_dir` where a symbolic link sits on the path of a file to
+    write: nothing is ever written through a link (`local_dir` itself may be one). The local copy gets
     its manifest last, so it is itself a committed artifact; when `local_dir` already holds a
     committed copy of the same manifest (same files and sizes) nothing is downloaded.
     """
@@ -230,6 +301,9 @@ def fetch_dir(
     if _same_dir(store, dest):
         return verify(uri, deep=True, progress=progress)
     manifest = _read(store, prefix, uri)
+    _refuse_links(
+        dest, [MANIFEST_NAME, *(e.path for e in manifest.files)], f"cannot fetch {uri} into {dest}"
+    )
     if _local_copy_matches(dest, manifest):
         log.info("%s already holds %s; nothing to download", dest, uri)
         return manifest

@@ -31,6 +31,7 @@ __all__ = [
     "copy_hashing",
     "fsync_files",
     "hash_file",
+    "is_temp_name",
 ]
 
 # 1 MiB: per-chunk Python overhead is already negligible next to hashing and I/O, and larger
@@ -38,6 +39,22 @@ __all__ = [
 CHUNK_SIZE = 1024 * 1024
 # Temporary files end with this; listings and manifests ignore them.
 TEMP_SUFFIX = ".envace-part"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is a temporary file of an atomic write, left behind when the writer
+    was killed: `atomic_target`'s `.<hex>.envace-part`, `envace.tasks.io.atomic_write_text`'s
+    `.<name>.<random>.tmp`, the `.<name>.tmp-<pid>` folders of `envace.policy.pretrained`, and
+    `.tmp<random>` (tempfile's default prefix). Such files never enter a manifest.
+
+    Only hidden names (a leading '.') count, besides our own suffix, so an ordinary
+    `results.tmp` a user means to store is kept."""
+    if name.endswith(TEMP_SUFFIX):
+        return True
+    return name.startswith(".") and (
+        name.endswith(".tmp") or ".tmp-" in name or name.startswith(".tmp")
+    )
+
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of bytes just moved (negative when a failed attempt is rewound)."""

@@ -45,7 +45,9 @@ def _put(args: argparse.Namespace) -> int:
     from envace.storage.artifacts import commit_dir
 
     with _progress("upload") as progress:
-        manifest = commit_dir(args.local_dir, args.uri, progress=progress)
+        manifest = commit_dir(
+            args.local_dir, args.uri, progress=progress, follow_symlinks=args.follow_symlinks
+        )
     print(f"committed {args.uri}: {len(manifest.files)} file(s), {manifest.total_size} bytes")
     return 0
 
@@ -108,6 +110,11 @@ def register(subparsers: Any) -> None:
     put = sub.add_parser("put", help="commit a local directory (files, then its manifest)")
     put.add_argument("local_dir", metavar="LOCAL_DIR")
     put.add_argument("uri", metavar="URI")
+    put.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="store what symbolic links point to (even outside LOCAL_DIR); default: refuse links",
+    )
     put.set_defaults(func=_put)
 
     get = sub.add_parser("get", help="download a committed artifact, checking every file")

@@ -18,6 +18,7 @@ __all__ = [
     "StoreAccessError",
     "StoreError",
     "StoreUnavailableError",
+    "UnsafeTreeError",
 ]
 
 
@@ -47,3 +48,8 @@ class ArtifactIntegrityError(StoreError):
 
 class ArtifactNotFoundError(ArtifactIntegrityError):
     """Nothing at all is stored at an artifact URI (as opposed to a partial or corrupt one)."""
+
+
+class UnsafeTreeError(StoreError):
+    """A local folder holds what an artifact cannot store faithfully (symbolic links, dangling
+    links, sockets, pipes), or a destination path runs through a symbolic link."""

@@ -12,17 +12,21 @@ an artifact complete; its sizes and sha256 digests are what readers check. Forma
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from envace.storage.base import TEMP_SUFFIX
-from envace.storage.errors import ArtifactIntegrityError, InvalidKeyError
+from envace.storage.base import is_temp_name
+from envace.storage.errors import ArtifactIntegrityError, InvalidKeyError, UnsafeTreeError
 from envace.storage.uri import validate_key
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "ManifestEntry", "scan_dir"]
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "MANIFEST.json"
 FORMAT_VERSION = 1
@@ -112,18 +116,102 @@ def _manifest_from_doc(doc: Any, source: str) -> Manifest:
     return Manifest(files=entries, created=created, format_version=version)
 
 
-def scan_dir(local_dir: Path) -> list[tuple[str, Path]]:
+@dataclass
+class _Scan:
+    """What a walk of a folder found, besides the files it will store."""
+
+    files: list[tuple[str, Path]] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # "rel -> target", not followed
+    broken: list[str] = field(default_factory=list)  # dangling links and link loops
+    special: list[str] = field(default_factory=list)  # sockets, pipes, devices
+    temps: list[str] = field(default_factory=list)
+
+
+def _shown(items: list[str]) -> str:
+    return ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")
+
+
+def _link_text(path: Path, rel: str) -> str:
+    try:
+        return f"{rel} -> {os.readlink(path)}"
+    except OSError:
+        return rel
+
+
+def _walk(scan: _Scan, root: Path, follow: bool) -> None:
+    """Add every entry under `root` to `scan`. Iterative (a deep tree is no RecursionError);
+    each folder carries the real paths of the folders above it, so a link back up is a loop,
+    not an endless walk."""
+    stack: list[tuple[Path, str, frozenset[str]]] = [
+        (root, "", frozenset({os.path.realpath(root)}))
+    ]
+    while stack:
+        folder, rel, seen = stack.pop()
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            path, key = Path(entry.path), f"{rel}{entry.name}"
+            if is_temp_name(entry.name):
+                scan.temps.append(key)
+            elif entry.is_symlink() and not follow:
+                scan.links.append(_link_text(path, key))
+            elif entry.is_symlink() and not path.exists():
+                scan.broken.append(_link_text(path, key) + " (dangling)")
+            elif entry.is_dir():  # follows a link here (`follow`, checked above)
+                real = os.path.realpath(path)
+                if real in seen:
+                    scan.broken.append(_link_text(path, key) + " (a loop)")
+                else:
+                    stack.append((path, f"{key}/", seen | {real}))
+            elif entry.is_file():
+                if key != MANIFEST_NAME:
+                    scan.files.append((validate_key(key), path))
+            else:
+                scan.special.append(key)
+
+
+def _refuse(local_dir: Path, scan: _Scan) -> None:
+    if scan.links:
+        raise UnsafeTreeError(
+            f"cannot commit {local_dir}: it holds {len(scan.links)} symbolic link(s):"
+            f" {_shown(scan.links)}. An artifact stores files, not links, and following one can"
+            " upload files from outside the folder: remove them, or pass --follow-symlinks"
+            " (follow_symlinks=True) to store the content they point to"
+        )
+    if scan.broken:
+        raise UnsafeTreeError(
+            f"cannot commit {local_dir}: {len(scan.broken)} link(s) lead nowhere to store:"
+            f" {_shown(scan.broken)}; remove or fix them (the artifact would be incomplete)"
+        )
+    if scan.special:
+        raise UnsafeTreeError(
+            f"cannot commit {local_dir}: {len(scan.special)} entr(ies) are not regular files"
+            f" (sockets, pipes, devices): {_shown(scan.special)}; move them out of the folder"
+        )
+
+
+def scan_dir(local_dir: Path, *, follow_symlinks: bool = False) -> list[tuple[str, Path]]:
     """(relative key, path) of every regular file under `local_dir`, sorted by key.
 
-    The directory's own manifest and temporary files of interrupted writes are left out.
-    Names that are not valid keys (control characters, ...) raise InvalidKeyError.
+    The folder's own manifest and temporary files of interrupted writes (`is_temp_name`; named
+    in a warning) are left out. Anything else that cannot be stored as it is is refused
+    (UnsafeTreeError) before a byte moves, so an artifact is never committed incomplete: a
+    symbolic link (unless `follow_symlinks`: then its target's content is stored under the
+    link's name), a dangling link or link loop, a socket, pipe or device. Names that are not
+    valid keys (control characters, ...) raise InvalidKeyError.
     """
-    found: list[tuple[str, Path]] = []
-    for path in local_dir.rglob("*"):
-        if not path.is_file() or path.name.endswith(TEMP_SUFFIX):
-            continue
-        rel = path.relative_to(local_dir).as_posix()
-        if rel == MANIFEST_NAME:
-            continue
-        found.append((validate_key(rel), path))
-    return sorted(found)
+    scan = _Scan()
+    try:
+        _walk(scan, local_dir, follow_symlinks)
+    except OSError as exc:  # an unreadable sub-folder
+        raise UnsafeTreeError(
+            f"cannot commit {local_dir}: cannot read {exc.filename}: {exc.strerror or exc};"
+            " fix its permissions or move it out"
+        ) from exc
+    _refuse(local_dir, scan)
+    if scan.temps:
+        log.warning(
+            "%s: left out %d temporary file(s) of interrupted writes: %s",
+            local_dir,
+            len(scan.temps),
+            _shown(scan.temps),
+        )
+    return sorted(scan.files)

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from envace.errors import ConfigError, UserInputError
+from envace.storage.uri import redact_url
 
 __all__ = ["ENV_VARS", "S3Settings"]
 
@@ -67,39 +68,49 @@ def _parse_number(value: Any, kind: type[int] | type[float], where: str) -> int 
 
 
 def _split_endpoint(endpoint: str, where: str) -> tuple[str, bool | None]:
-    """`http://host:port` -> ("host:port", False); a bare `host:port` -> (it, None)."""
+    """`http://host:port` -> ("host:port", False); a bare `host:port` -> (it, None).
+
+    Messages show the endpoint through `redact_url`: a user:password written into it never
+    reaches an error or a log."""
     form = "give host:port or http(s)://host:port, e.g. minio:9000 or http://[::1]:9000"
+    shown = repr(redact_url(endpoint))
+    if redact_url(endpoint) != endpoint:
+        raise ConfigError(
+            f"{where}={shown} (user:password removed here): credentials in the endpoint are not"
+            f" used; {form}, and set them in {ENV_VARS['access_key'][0]} /"
+            f" {ENV_VARS['secret_key'][0]}"
+        )
     if "://" not in endpoint:
         host, scheme_secure = endpoint, None
     else:
         try:
             parts = urlsplit(endpoint)
         except ValueError as exc:  # an unclosed IPv6 bracket
-            raise ConfigError(f"{where}={endpoint!r}: {exc}; {form}") from None
+            raise ConfigError(f"{where}={shown}: {exc}; {form}") from None
         if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
-            raise ConfigError(f"{where}={endpoint!r}: {form}, without a path")
+            raise ConfigError(f"{where}={shown}: {form}, without a path")
         host, scheme_secure = parts.netloc, parts.scheme == "https"
     if not host or "/" in host or "@" in host or " " in host or not host.isprintable():
-        raise ConfigError(f"{where}={endpoint!r}: {form}")
-    _check_host_port(host, endpoint, where, form)
+        raise ConfigError(f"{where}={shown}: {form}")
+    _check_host_port(host, shown, where, form)
     return host, scheme_secure
 
 
-def _check_host_port(host: str, endpoint: str, where: str, form: str) -> None:
+def _check_host_port(host: str, shown: str, where: str, form: str) -> None:
     """A host name and, when given, a port 1-65535: minio would refuse either later, when the
     client is built, with a bare ValueError that names no variable."""
     try:
         parts = urlsplit(f"//{host}")
     except ValueError as exc:  # an unclosed IPv6 bracket
-        raise ConfigError(f"{where}={endpoint!r}: {exc}; {form}") from None
+        raise ConfigError(f"{where}={shown}: {exc}; {form}") from None
     try:
         port = parts.port
     except ValueError:  # not a number, or over 65535
         port = 0
     if port == 0 or host.endswith(":"):
-        raise ConfigError(f"{where}={endpoint!r}: the port must be a number 1-65535; {form}")
+        raise ConfigError(f"{where}={shown}: the port must be a number 1-65535; {form}")
     if not parts.hostname:
-        raise ConfigError(f"{where}={endpoint!r}: no host name; {form}")
+        raise ConfigError(f"{where}={shown}: no host name; {form}")
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,8 @@ class S3Settings:
             value = getattr(self, f.name)
             if f.name in _SECRET_FIELDS and value is not None:
                 value = "***"
+            elif f.name == "endpoint" and value is not None:
+                value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"S3Settings({', '.join(shown)})"
 
@@ -166,8 +179,10 @@ class S3Settings:
 
     @property
     def endpoint_url(self) -> str:
-        """The endpoint as a URL, for messages (`http://127.0.0.1:9000`)."""
-        return f"{'https' if self.secure else 'http'}://{self.endpoint or '<unset>'}"
+        """The endpoint as a URL, for messages (`http://127.0.0.1:9000`; never credentials,
+        even in settings built directly rather than parsed)."""
+        host = redact_url(self.endpoint) if self.endpoint else "<unset>"
+        return f"{'https' if self.secure else 'http'}://{host}"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:

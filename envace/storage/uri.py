@@ -26,6 +26,7 @@ __all__ = [
     "join_key",
     "join_uri",
     "parse_uri",
+    "redact_url",
     "validate_key",
 ]
 
@@ -60,6 +61,25 @@ class StoreURI:
     @property
     def is_local(self) -> bool:
         return self.scheme == "file"
+
+
+def redact_url(url: str) -> str:
+    """`url` without its user:password part (`http://u:p@host:9000/v1` -> `http://host:9000/v1`;
+    a bare `u:p@host:9000` -> `host:9000`), so an endpoint can appear in errors and logs.
+
+    Plain string work, no URL parser: it must also clean text no parser accepts (an unclosed
+    IPv6 bracket). Everything up to the last '@' before any query or fragment goes, so a
+    password holding an unescaped '/' is removed too (at worst, an '@' in a path shortens
+    what is shown).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    end = min((i for i in (rest.find(c) for c in "?#") if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    if at < 0:
+        return url
+    return f"{scheme}{sep}{rest[at + 1 :]}"
 
 
 def _has_control_char(text: str) -> bool:

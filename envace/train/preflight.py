@@ -70,7 +70,10 @@ def _looks_local(path: str) -> bool:
 
 def check_inputs(cfg: Config, out: Path, store: str | None) -> None:
     """Everything checkable before the first write: raises ConfigError / UserInputError."""
+    from envace.config import validate
     from envace.storage.uri import parse_uri
+
+    validate(cfg)  # a Config built in code gets the file's range checks too (seeds, sizes)
 
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out {out}: exists and is not a folder; choose a folder path")

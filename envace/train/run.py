@@ -382,18 +382,46 @@ def _save_rl_checkpoint(
     return paths.commit(ckpt)
 
 
-def _resume_point(paths: RunPaths, fetch: bool = True) -> Path | None:
+def _resume_point(paths: RunPaths, info: DistInfo) -> Path | None:
+    """The local copy of the checkpoint to resume from: the newest one that is complete and
+    verified (every sha256), damaged newer ones named in a warning and skipped; None when
+    there is none. Rank 0 chooses and every rank takes its choice (a damaged download seen by
+    one rank must not split the job); each node's first rank fetches it for its node."""
     from envace.storage.artifacts import fetch_dir
-    from envace.storage.checkpoints import latest_complete
     from envace.storage.uri import join_uri
+    from envace.train.distributed import gather_objects
 
-    uri = latest_complete(join_uri(paths.store, "checkpoints/rl"))
-    if uri is None:
+    prefix = join_uri(paths.store, "checkpoints/rl")
+    local_parent = paths.checkpoints / "rl"
+    name, error = _choose_checkpoint(prefix, local_parent) if info.is_main else (None, None)
+    name, error = gather_objects((name, error))[0]
+    if error is not None:
+        raise UserInputError(error)
+    if name is None:
         return None
-    local = paths.checkpoints / "rl" / uri.rstrip("/").rsplit("/", 1)[-1]
-    if fetch:
-        fetch_dir(uri, local)
+    local = local_parent / str(name)
+    if info.local_rank == 0 and not info.is_main:
+        fetch_dir(join_uri(prefix, str(name)), local)
     return local
+
+
+def _choose_checkpoint(prefix: str, local_parent: Path) -> tuple[str | None, str | None]:
+    """(name of the checkpoint fetched to resume from, None) or (None, why resuming is
+    refused). No checkpoint at all: (None, None), a fresh start. Checkpoints that are all
+    damaged are refused: starting fresh would replace the run's history."""
+    from envace.storage.checkpoints import fetch_latest, list_checkpoints
+
+    found = fetch_latest(prefix, local_parent)
+    if found is not None:
+        return found[1].name, None
+    damaged = list_checkpoints(prefix)
+    if not damaged:
+        return None, None
+    return None, (
+        f"--resume: every checkpoint under {prefix} is damaged ({len(damaged)}, each named in"
+        " a warning above), so there is nothing safe to resume from; restore one from a backup"
+        " (`envace store verify --deep URI` checks it), or start over with --overwrite"
+    )
 
 
 def _restore_history(paths: RunPaths, ckpt: Path) -> None:
@@ -635,7 +663,7 @@ def _start(
     paths = RunPaths(out, store or str(out), writes=info.is_main)
     stages_path = out / "stages.json"
     first_on_node = info.local_rank == 0
-    resume_from = _resume_point(paths, fetch=first_on_node) if resume else None
+    resume_from = _resume_point(paths, info) if resume else None
     if resume and resume_from is None and info.is_main:
         log.warning(
             "--resume: no complete checkpoint under %s/checkpoints/rl; starting a fresh run",

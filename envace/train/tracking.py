@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "NullLogger", "plot_progress"]
+__all__ = ["MetricsLogger", "NullLogger", "plot_progress", "read_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,44 @@ class NullLogger:
         pass
 
 
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of a metrics.jsonl, and a description of a torn last line cut from them
+    (None when the file ends cleanly).
+
+    A kill can interrupt the append of the last line only, so a last line that is not a JSON
+    object with an integer "iteration" is the write that was cut short and is dropped. A bad line anywhere else means the
+    file was damaged some other way: UserInputError naming the line (nothing is changed)."""
+    from envace.errors import UserInputError
+
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    records: list[dict[str, Any]] = []
+    torn = None
+    for i, (n, line) in enumerate(numbered):
+        record = _parse_record(line)
+        if record is not None:
+            records.append(record)
+        elif i == len(numbered) - 1:
+            torn = f"line {n} ({len(line)} characters, the write a kill interrupted)"
+        else:
+            raise UserInputError(
+                f"{path}: line {n} is not a JSON record, and only the last line can be torn by"
+                " a kill; repair or delete that line, then resume again"
+            )
+    return records, torn
+
+
+def _parse_record(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("iteration")
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 class MetricsLogger:
     """Appends one JSON line per iteration; mirrors scalars to TensorBoard (and W&B if set)."""
 
@@ -37,13 +75,12 @@ class MetricsLogger:
         config: Any = None,
     ) -> None:
         self.path = out / "metrics.jsonl"
+        self.tb_dir = out / "tensorboard"
         out.mkdir(parents=True, exist_ok=True)
         self.tb: Any = None
         self.wandb: Any = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(log_dir=str(out / "tensorboard"))
+            self.tb = self._writer(None)
         if wandb_project:
             try:
                 import wandb
@@ -56,16 +93,35 @@ class MetricsLogger:
                 ) from exc
             self.wandb = wandb.init(project=wandb_project, config=config, dir=str(out))
 
+    def _writer(self, purge_step: int | None) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.tb_dir), purge_step=purge_step)
+
     def truncate_after(self, iteration: int) -> None:
-        """On resume, drop lines of iterations after the checkpoint (they will be redone)."""
+        """On resume from the checkpoint of `iteration`: its later iterations will be redone,
+        so neither sink may show them twice. metrics.jsonl keeps the records up to
+        `iteration`, one per iteration (a torn last line is cut, with a warning), rewritten
+        atomically. TensorBoard gets a fresh event file that starts with a purge marker
+        (SummaryWriter's purge_step): readers drop every earlier event at a later step, so
+        the steps of a killed attempt are hidden, however many kills there were."""
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = self._writer(iteration + 1)
         if not self.path.exists():
             return
-        keep = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("iteration", 0) <= iteration
-        ]
-        self.path.write_text("".join(f"{line}\n" for line in keep))
+        from envace.tasks.io import atomic_write_text
+
+        records, torn = read_metrics(self.path)
+        if torn is not None:
+            log.warning("%s: cut a torn last line: %s", self.path, torn)
+        once: dict[int, dict[str, Any]] = {}
+        for record in records:
+            step = int(record["iteration"])
+            if step <= iteration:
+                once[step] = record  # a repeated iteration: its last record
+        text = "".join(json.dumps(r) + "\n" for _, r in sorted(once.items()))
+        atomic_write_text(self.path, text)
 
     def log(self, record: dict[str, Any]) -> None:
         with self.path.open("a", encoding="utf-8") as f:

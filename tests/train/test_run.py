@@ -97,3 +97,95 @@ def test_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
     summary = run_main(cfg, tmp_path / "r", resume=True)
     assert summary["resumed_from"] is None
     assert set(summary["stages"]) == {"untrained"}
+
+
+# --- resume that survives damage (issue #20 item 4) --------------------------------------------
+def _tb_steps(out: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_metrics_and_tensorboard_hold_each_iteration_once_after_kills(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from envace.train.tracking import MetricsLogger
+
+    def attempt(resume_at: int | None, steps: range, torn: bool = False) -> None:
+        logger = MetricsLogger(tmp_path, tensorboard=True)
+        if resume_at is not None:
+            logger.truncate_after(resume_at)
+        for it in steps:
+            logger.log({"iteration": it, "loss": float(it)})
+        logger.close()  # then a kill, possibly in the middle of the next line
+        if torn:
+            with (tmp_path / "metrics.jsonl").open("a") as f:
+                f.write('{"iteration": 99, "lo')
+
+    attempt(None, range(1, 6), torn=True)  # killed at 5; its checkpoint was 2
+    with caplog.at_level("WARNING"):
+        attempt(2, range(3, 5))  # killed at 4; checkpoint 3
+    assert "cut a torn last line: line 6" in caplog.text
+    attempt(3, range(4, 8))
+    assert [r["iteration"] for r in _lines(tmp_path / "metrics.jsonl")] == list(range(1, 8))
+    assert _tb_steps(tmp_path, "loss") == list(range(1, 8))
+
+
+def test_a_damaged_line_before_the_last_is_refused_untouched(tmp_path: Path) -> None:
+    from envace.errors import UserInputError
+    from envace.train.tracking import MetricsLogger
+
+    text = '{"iteration": 1}\n{"iter\n{"iteration": 2}\n'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    with pytest.raises(UserInputError, match="line 2 is not a JSON record"):
+        MetricsLogger(tmp_path, tensorboard=False).truncate_after(2)
+    assert (tmp_path / "metrics.jsonl").read_text() == text
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_resume_skips_a_damaged_newest_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from envace.errors import UserInputError
+
+    out = tmp_path / "run"
+    sets = [*MICRO, "train.save_every=1", "tensorboard=true"]
+    run_main(load_config(None, [*sets, "train.iterations=2"]), out)
+    rl = out / "checkpoints" / "rl"
+    _flip_a_byte(rl / "iter_000002" / "policy" / "model.safetensors")  # same size, bad sha256
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"iteration": 3, "policy/lo')  # a kill in the middle of a line
+    with caplog.at_level("WARNING"):
+        summary = run_main(load_config(None, [*sets, "train.iterations=3"]), out, resume=True)
+    assert summary["resumed_from"].endswith("iter_000001")
+    assert "skipping damaged checkpoint 2" in caplog.text and "cut a torn last line" in caplog.text
+    assert [r["iteration"] for r in _lines(out / "metrics.jsonl")] == [1, 2, 3]
+    assert _tb_steps(out, "policy/loss") == [1, 2, 3]
+    # every checkpoint damaged: refused, and the run's history is left as it was
+    for step in (1, 2, 3):
+        _flip_a_byte(rl / f"iter_{step:06d}" / "policy" / "model.safetensors")
+    before = (out / "metrics.jsonl").read_bytes()
+    with pytest.raises(UserInputError, match=r"every checkpoint under .* is damaged"):
+        run_main(load_config(None, [*sets, "train.iterations=4"]), out, resume=True)
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_config_built_in_code_is_range_checked_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    from envace.errors import ConfigError
+
+    cfg = dataclasses.replace(load_config(None, MICRO), seed=10**26)
+    with pytest.raises(ConfigError, match=r"^seed: .* must be in \[0, 4294967296\)"):
+        run_main(cfg, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
