@@ -154,6 +154,7 @@ class BankWorld(DocumentWorld):
     TOOLS = _TOOLS
     STATE_SCHEMA = _STATE_SCHEMA
     RULE = "every account owner, transfer end and session customer must exist"
+    ID_COLLECTIONS = ("transactions",)
     # authenticate is not read-only: it changes who the session belongs to.
     READ_ONLY = frozenset({"list_accounts", "get_balance", "get_transactions"})
 

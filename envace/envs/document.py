@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from envace.envs.schema_check import ToolTable, check_state_shape
+from envace.envs.state import id_room_problem
 from envace.errors import UserInputError
 
 __all__ = ["DocumentWorld"]
@@ -28,6 +29,8 @@ class DocumentWorld(ABC):
     STATE_SCHEMA: ClassVar[dict[str, Any]]
     RULE: ClassVar[str]  # what a consistent initial state is, said when one is not
     READ_ONLY: ClassVar[frozenset[str]]  # tools that never change the state
+    # state collections whose keys are drawn by `next_opaque_id` (each must leave room for more)
+    ID_COLLECTIONS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self._state = self.empty_state()
@@ -54,6 +57,12 @@ class DocumentWorld(ABC):
         check_state_shape(self.name, self.STATE_SCHEMA, initial_state)
         state = self.empty_state()
         state.update(copy.deepcopy(initial_state))
+        full = [id_room_problem(key, state[key]) for key in self.ID_COLLECTIONS]
+        if any(full):
+            raise UserInputError(
+                f"{self.name} initial_state is too full: {'; '.join(p for p in full if p)}; "
+                "remove entries so that new ids can be drawn"
+            )
         problems = self.problems(state)
         if problems:
             raise UserInputError(

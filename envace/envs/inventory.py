@@ -117,6 +117,7 @@ class InventoryWorld(DocumentWorld):
     TOOLS = _TOOLS
     STATE_SCHEMA = _STATE_SCHEMA
     RULE = "orders must name existing skus and item names must be unique"
+    ID_COLLECTIONS = ("orders",)
     READ_ONLY = frozenset({"find_item", "get_stock"})
 
     def empty_state(self) -> dict[str, Any]:

@@ -17,13 +17,18 @@ A task's success rule is `{"final_state": <state>, "match": "whole" | "subset", 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Container
+from collections.abc import Container, Sized
 from typing import Any
 
+from envace.errors import UserInputError
+
 __all__ = [
+    "ID_SPACE",
+    "MAX_ID_DRAWS",
     "final_state_matches",
     "first_difference",
     "first_mismatch",
+    "id_room_problem",
     "next_opaque_id",
     "success_mismatch",
 ]
@@ -124,17 +129,37 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# An opaque id is PREFIX-xxxx: 4 hex digits, 65,536 ids per prefix. A world refuses an initial
+# state that already holds more than half of them (`id_room_problem`), so a draw finds a free id
+# within a few tries; MAX_ID_DRAWS bounds the search whatever the state holds.
+ID_SPACE = 16**4
+MAX_ID_DRAWS = 1024
+
+
+def id_room_problem(what: str, taken: Sized) -> str | None:
+    """Why a state's collection `what` leaves too little room for new opaque ids, or None."""
+    most = ID_SPACE // 2
+    if len(taken) <= most:
+        return None
+    return f"{what}: {len(taken)} entries leave no room for new ids (at most {most})"
+
+
 def next_opaque_id(ids: dict[str, Any], prefix: str, taken: Container[str]) -> str:
     """Draw the next id like `TX-7f3a` from the state's id counter `{"salt", "next"}`.
 
     The id is a hash of (salt, prefix, counter): it looks random, so an agent cannot guess it
     and must read it from a tool result, yet the same state and call sequence always give the
-    same ids. The counter lives in the state, so a snapshot replays exactly.
+    same ids. The counter lives in the state, so a snapshot replays exactly. After MAX_ID_DRAWS
+    taken ids in a row it raises UserInputError: the state leaves no room (never a loop).
     """
-    while True:
+    for _ in range(MAX_ID_DRAWS):
         counter = int(ids["next"])
         ids["next"] = counter + 1
         digest = hashlib.sha256(f"{ids['salt']}:{prefix}:{counter}".encode()).hexdigest()
         candidate = f"{prefix}-{digest[:4]}"
         if candidate not in taken:
             return candidate
+    raise UserInputError(
+        f"no free {prefix} id after {MAX_ID_DRAWS} draws: the world's state holds too many "
+        f"{prefix} ids; give the task an initial_state with fewer entries"
+    )

@@ -244,7 +244,8 @@ def _run_synthetic(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
     from envace.tasks.loader import load_tasks
 
     loaded = load_tasks(args.tasks, skip_invalid=args.skip_invalid)
-    tasks = loaded.tasks[: args.limit] if args.limit else loaded.tasks
+    tasks, skipped = _runnable(loaded.tasks, args)
+    tasks = tasks[: args.limit] if args.limit else tasks
     if not tasks:
         raise UserInputError(f"{args.tasks}: no valid task to evaluate")
     policy = _policy(args.policy, "synthetic", args.seed, rcfg)
@@ -258,13 +259,36 @@ def _run_synthetic(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:
         seed=args.seed,
         progress=True,
     )
-    extra = {"policy": args.policy, "tasks": str(args.tasks), "skipped": len(loaded.skipped)}
+    extra = {
+        "policy": args.policy,
+        "tasks": str(args.tasks),
+        "skipped": len(loaded.skipped) + skipped,
+    }
     print_and_write(run.baseline, args.out, extra)
     if run.rehearsed is not None:
         lines = "".join(json.dumps(trajectory_record(t)) + "\n" for t in run.rehearsed.trajectories)
         atomic_write_text(args.out / "rehearsal" / "trajectories.jsonl", lines)
     info = {"tasks": str(args.tasks), "episodes per task": args.n}
     return synthetic_report(run, tasks, args.policy, args.seed, info), run.outcome
+
+
+def _runnable(tasks: list[Any], args: argparse.Namespace) -> tuple[list[Any], int]:
+    """The tasks that can run in a world, and how many were left out. A task without an
+    environment is valid (it trains in rehearsal mode) but has no world to be evaluated in:
+    --skip-invalid leaves it out with a line on stderr; otherwise the run is refused up front."""
+    import sys
+
+    from envace.errors import UserInputError
+    from envace.evaluate.runner import no_environment_message
+    from envace.tasks.loader import show_text
+
+    missing = [t.id for t in tasks if t.environment is None]
+    if missing and not args.skip_invalid:
+        raise UserInputError(f"{args.tasks}: {no_environment_message(missing)}")
+    for task_id in missing:
+        shown = show_text(task_id, quote=True)
+        print(f"{args.tasks}: task {shown} names no environment; not evaluated", file=sys.stderr)
+    return [t for t in tasks if t.environment is not None], len(missing)
 
 
 def _run_bfcl(args: argparse.Namespace, rcfg: Any) -> tuple[Any, Any]:

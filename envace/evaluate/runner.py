@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from envace.envs.base import Environment
+from envace.errors import UserInputError
 from envace.evaluate.metrics import EvalMetrics, summarize
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader, TurnHook
 from envace.rollout.grading import TaskGrader
@@ -19,7 +20,7 @@ from envace.rollout.policies import Policy
 from envace.rollout.types import Trajectory
 from envace.tasks.model import Task
 
-__all__ = ["EvalResult", "evaluate_policy", "make_task_environment"]
+__all__ = ["EvalResult", "evaluate_policy", "make_task_environment", "no_environment_message"]
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,27 @@ class EvalResult:
     trajectories: list[Trajectory]
 
 
+def no_environment_message(task_ids: Sequence[str]) -> str:
+    """Why tasks without an environment are refused: evaluation is committed execution in a
+    world, and a task that names none has no world to run in (rules alone cannot answer its
+    tool calls). Such tasks serve training in rehearsal mode."""
+    from envace.tasks.loader import show_text
+
+    shown = ", ".join(show_text(i, quote=True) for i in task_ids[:5])
+    more = f" and {len(task_ids) - 5} more" if len(task_ids) > 5 else ""
+    return (
+        f"{len(task_ids)} task(s) name no environment ({shown}{more}): evaluation runs every "
+        "task in its world; add an environment to them or leave them out "
+        "(envace evaluate --skip-invalid leaves them out)"
+    )
+
+
 def make_task_environment(task: Task) -> Environment:
     """A fresh world for `task`, reset to its initial state."""
     from envace.envs.registry import make_environment
 
     if task.environment is None:
-        raise ValueError(f"task {task.id!r} names no environment: it cannot run in the real world")
+        raise UserInputError(no_environment_message([task.id]))
     env = make_environment(task.environment.name)
     env.reset(task.environment.initial_state)
     return env
@@ -53,10 +69,9 @@ def evaluate_policy(
     """Run `policy` on `tasks` in their real worlds and aggregate the metrics.
 
     before_turn: runs before each committed turn (test-time rehearsal, `TurnRehearsal`)."""
-    runnable = [t for t in tasks if t.environment is not None]
-    if len(runnable) < len(tasks):
-        missing = [t.id for t in tasks if t.environment is None][:5]
-        raise ValueError(f"tasks without an environment cannot be evaluated: {missing}")
+    missing = [t.id for t in tasks if t.environment is None]
+    if missing:
+        raise UserInputError(no_environment_message(missing))
     real_cfg = dataclasses.replace(cfg, mode="real", probe_fidelity=probe_fidelity)
     engine = RolloutEngine(
         policy,
@@ -65,5 +80,5 @@ def evaluate_policy(
         make_env=make_task_environment,
         before_turn=before_turn,
     )
-    trajs = engine.run(runnable, n=n, progress=progress, desc="evaluate")
+    trajs = engine.run(tasks, n=n, progress=progress, desc="evaluate")
     return EvalResult(summarize(trajs), trajs)

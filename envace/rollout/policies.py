@@ -7,6 +7,7 @@ caller role and the simulator role.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -156,10 +157,17 @@ class RandomPolicy:
     def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Generation]:
         return [_text_generation(self._text(r), self.renderer) for r in requests]
 
-    def _value(self, schema: dict[str, Any]) -> Any:
+    def _value(self, schema: Any) -> Any:
+        """A random value for one parameter. Any valid schema may come here, `true` and an empty
+        enum included: this policy never crashes on a task that loaded, it just plays badly."""
+        if not isinstance(schema, dict):
+            schema = {}
         kind = schema.get("type")
-        if "enum" in schema:
-            return self.rng.choice(schema["enum"])
+        if isinstance(kind, list):
+            kind = self.rng.choice(kind) if kind else None
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum:
+            return copy.deepcopy(self.rng.choice(enum))
         if kind == "integer":
             return self.rng.randint(0, 500)
         if kind == "number":
@@ -175,6 +183,7 @@ class RandomPolicy:
             return "Done."
 
         tool = self.rng.choice(req.episode.task.tools)["function"]
-        props = tool.get("parameters", {}).get("properties", {})
-        args = {k: self._value(v) for k, v in props.items()}
+        parameters = tool.get("parameters")
+        props = parameters.get("properties") if isinstance(parameters, dict) else None
+        args = {k: self._value(v) for k, v in props.items()} if isinstance(props, dict) else {}
         return format_assistant_response("", [ToolCall(tool["name"], args)])

@@ -117,20 +117,14 @@ def _nonblank_line_numbers(path: Path) -> list[int]:
 
 
 def _validate_file(path: Path, skip_invalid: bool, tally: _Tally) -> None:
-    from envace.tasks.loader import TaskFormatError, load_tasks
+    from envace.tasks.loader import TaskFormatError, scan_tasks
 
     try:
-        result = load_tasks(path, skip_invalid=skip_invalid)
+        # Read once: a file that changes (or is not a regular file) cannot skew the counts.
+        result = scan_tasks(path, skip_invalid=skip_invalid)
     except TaskFormatError as err:
         print(err, file=sys.stderr)
-        if err.line is None:
-            tally.unreadable += 1
-            return
-        # The loader stopped at this line: the lines before it held valid tasks.
-        lines = _nonblank_line_numbers(path)
-        tally.valid += sum(1 for n in lines if n < err.line)
-        tally.invalid += 1
-        tally.not_checked += sum(1 for n in lines if n > err.line)
+        tally.unreadable += 1
         return
     for skipped in result.skipped:
         print(skipped, file=sys.stderr)
@@ -140,6 +134,7 @@ def _validate_file(path: Path, skip_invalid: bool, tally: _Tally) -> None:
         return
     tally.valid += len(result.tasks)
     tally.invalid += len(result.skipped)
+    tally.not_checked += result.not_checked
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -31,11 +31,13 @@ from typing import Any
 from envace.tasks.io import task_from_dict
 from envace.tasks.loader import (
     CHECKLIST_KEYS,
+    MAX_FILE_BYTES,
     LoadResult,
     TaskFormatError,
     TaskProblem,
     check_task,
     json_type_name,
+    open_input_file,
     parse_json_strict,
     show_text,
 )
@@ -81,27 +83,25 @@ def _read_parquet(path: Path, file: str) -> list[Any]:
         raise TaskFormatError(
             file, None, None, "", "reading parquet files needs pyarrow: pip install pyarrow"
         ) from exc
-    # Opened here first: pyarrow's error for a missing file carries no reason, and it would
-    # read a folder as a dataset of parquet files.
-    try:
-        with path.open("rb"):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise TaskFormatError(file, None, None, "", f"cannot read the file: {reason}") from exc
-    try:
-        rows: list[Any] = pq.read_table(path).to_pylist()
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise TaskFormatError(file, None, None, "", f"cannot read the parquet file: {exc}") from exc
+    # Opened here, once: pyarrow's error for a missing file carries no reason, it would read a
+    # folder as a dataset of parquet files, and a pipe must not reach it.
+    with open_input_file(path, file, "file") as handle:
+        try:
+            rows: list[Any] = pq.read_table(handle).to_pylist()
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            message = f"cannot read the parquet file: {exc}"
+            raise TaskFormatError(file, None, None, "", message) from exc
     return rows
 
 
 def _read_text(path: Path, file: str) -> str:
+    with open_input_file(path, file, "file") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        message = f"the file grew past {MAX_FILE_BYTES} bytes while being read"
+        raise TaskFormatError(file, None, None, "", message)
     try:
-        return path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise TaskFormatError(file, None, None, "", f"cannot read the file: {reason}") from exc
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise TaskFormatError(
             file, None, None, "", f"not valid UTF-8 at byte {exc.start + 1}; save the file as UTF-8"

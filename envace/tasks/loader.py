@@ -13,18 +13,21 @@ jsonschema is imported on first validation, not at import time, so `envace --hel
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from envace.errors import UserInputError
 from envace.tasks.io import task_from_dict
@@ -36,6 +39,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKLIST_KEYS",
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_STRING_CHARS",
+    "MAX_TOOLS",
+    "MAX_TURNS",
+    "MAX_TURN_ITEMS",
     "LoadResult",
     "TaskFormatError",
     "TaskProblem",
@@ -44,13 +54,24 @@ __all__ = [
     "json_type_name",
     "load_gold",
     "load_tasks",
+    "open_input_file",
     "parse_json_strict",
+    "scan_tasks",
     "show_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 WEIGHT_TOLERANCE = 1e-6
+# What a task file may hold (docs/task_format.md, "Limits"): every one bounds the memory and the
+# time one file, one line or one task can cost, whoever wrote it.
+MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_LINE_BYTES = 4 * 1024 * 1024  # one task, as one line of UTF-8
+MAX_DEPTH = 64  # objects and arrays nested in one task (the task object is level 1)
+MAX_STRING_CHARS = 100_000  # one string or object key
+MAX_TOOLS = 128  # tools of one task (OpenAI's limit too)
+MAX_TURNS = 64  # turns of one task
+MAX_TURN_ITEMS = 64  # checklist items, expected calls and answer facts, each, of one turn
 SHOWN_TEXT_LIMIT = 80
 REFERENCE_ROLES = ("assistant", "system", "tool", "user")
 # The keys of a checklist item, in the order the task format lists them.
@@ -131,10 +152,14 @@ class TaskProblem:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The tasks of a file and, with `skip_invalid`, the errors of the tasks left out."""
+    """The tasks of a file and, with `skip_invalid`, the errors of the tasks left out.
+
+    `not_checked` (from `scan_tasks` without skip_invalid): the non-blank lines after the first
+    bad task, which were read but not checked."""
 
     tasks: list[Task]
     skipped: list[TaskFormatError] = field(default_factory=list)
+    not_checked: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,12 +300,12 @@ def _problem_from_schema_error(error: ValidationError, base: str = "") -> TaskPr
 
 @lru_cache(maxsize=1)
 def _task_validator() -> Validator:
-    from jsonschema import Draft202012Validator
+    from envace.envs.schema_check import checked_validator
 
     text = resources.files("envace.tasks").joinpath("schema/task.schema.json").read_text("utf-8")
-    schema = json.loads(text)
-    Draft202012Validator.check_schema(schema)
-    validator: Validator = Draft202012Validator(schema)
+    # The validator every parameter schema gets too: its `$` is the end of the text, so a tool
+    # name with a final newline does not match the name pattern.
+    validator: Validator = checked_validator(json.loads(text))
     return validator
 
 
@@ -291,79 +316,96 @@ def _schema_problem(data: Any) -> TaskProblem | None:
     return None if error is None else _problem_from_schema_error(error)
 
 
-# Task files repeat the same tool schemas over thousands of tasks, and checking a schema costs
-# far more than serialising it: results are memoised by the schema's canonical JSON text.
-_MEMO_LIMIT = 4096
-_schema_reasons: dict[str, str | None] = {}
-_argument_validators: dict[str, Validator] = {}
+def _parameters_reason(parameters: Any, tool: str) -> str | None:
+    """Why a tool's parameter schema cannot be used (envace.envs.schema_check), or None."""
+    from envace.envs.schema_check import parameters_problem
 
-
-def _canonical(schema: Any) -> str:
-    return json.dumps(schema, sort_keys=True, default=repr)
-
-
-def _invalid_schema_reason(schema: Any) -> str | None:
-    """Why `schema` is not a valid Draft 2020-12 JSON schema, or None when it is."""
-    key = _canonical(schema)
-    try:
-        return _schema_reasons[key]
-    except KeyError:
-        reason = _check_schema(schema)
-    if len(_schema_reasons) >= _MEMO_LIMIT:
-        _schema_reasons.clear()
-    _schema_reasons[key] = reason
-    return reason
-
-
-def _check_schema(schema: Any) -> str | None:
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = format_path(exc.absolute_path)
-        at = f" at {where}" if where else ""
-        return f"not a valid JSON schema{at}: {_one_line(exc.message)}"
-    return None
-
-
-def _arguments_validator(parameters: Mapping[str, Any]) -> Validator:
-    from jsonschema import Draft202012Validator
-    from referencing import Registry
-
-    key = _canonical(parameters)
-    try:
-        return _argument_validators[key]
-    except KeyError:
-        # An empty registry: a $ref outside the schema is an error, never a network fetch.
-        validator: Validator = Draft202012Validator(parameters, registry=Registry())
-    if len(_argument_validators) >= _MEMO_LIMIT:
-        _argument_validators.clear()
-    _argument_validators[key] = validator
-    return validator
+    problem = parameters_problem(parameters)
+    if problem is None:
+        return None
+    head = "not a valid JSON schema" if problem.invalid else "cannot be used as parameters"
+    where = format_path(problem.path)
+    at = f" at {where}" if where else ""
+    return f"{head}{at}: {_one_line(problem.message)} (tool {show_text(tool, quote=True)})"
 
 
 def _arguments_problem(
     arguments: Any, parameters: Mapping[str, Any], tool: str, base: str
 ) -> TaskProblem | None:
+    """Arguments checked as the world checks a call: integers are integer literals, patterns
+    match without backtracking (the parameters have passed `_parameters_reason`)."""
     from jsonschema.exceptions import best_match
-    from referencing.exceptions import Unresolvable
 
-    try:
-        error = best_match(_arguments_validator(parameters).iter_errors(arguments))
-    except Unresolvable as exc:
-        message = (
-            f"cannot check against the parameters of tool {show_text(tool, quote=True)}: "
-            f"{_one_line(str(exc))}; "
-            "inline the referenced schema (remote $refs are not fetched)"
-        )
-        return TaskProblem(base, message)
+    from envace.envs.schema_check import checked_validator
+
+    error = best_match(checked_validator(parameters).iter_errors(arguments))
     if error is None:
         return None
     problem = _problem_from_schema_error(error, base)
     shown = show_text(tool, quote=True)
     return TaskProblem(problem.field, f"{problem.message} (parameters of tool {shown})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits and text, checked before anything else looks at a task (the schema check recurses once
+# per level, and a lone surrogate cannot be written as UTF-8 or tokenised).
+
+
+def _text_problem(text: str) -> str | None:
+    if len(text) > MAX_STRING_CHARS:
+        return f"is {len(text)} characters long, at most {MAX_STRING_CHARS} allowed"
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ascii(text[exc.start])[1:-1]
+        return (
+            f"holds a lone surrogate ({code} at character {exc.start}), which is not text; fix "
+            "the escape (a pair such as \\ud83d\\ude00 is one character)"
+        )
+    return None
+
+
+def _value_problem(data: Any) -> TaskProblem | None:
+    """The first string or key that is too long or not text, or the first value nested deeper
+    than MAX_DEPTH; walked without recursion."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            reason = _text_problem(value)
+            if reason is not None:
+                return TaskProblem(format_path(path), reason)
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if len(path) >= MAX_DEPTH:
+            message = f"nested more than {MAX_DEPTH} levels deep (objects and arrays); flatten it"
+            return TaskProblem(format_path(path), message)
+        if isinstance(value, list):
+            stack.extend((item, (*path, i)) for i, item in reversed(list(enumerate(value))))
+            continue
+        for key in value:
+            reason = _text_problem(key)
+            if reason is not None:
+                return TaskProblem(format_path(path), f"a key {reason}")
+        stack.extend((item, (*path, key)) for key, item in reversed(list(value.items())))
+    return None
+
+
+def _count_problems(data: Mapping[str, Any]) -> Iterator[TaskProblem]:
+    """Lists longer than the limits (run on schema-valid tasks: the shapes are known)."""
+    counted: list[tuple[str, Any, int]] = [
+        ("tools", data["tools"], MAX_TOOLS),
+        ("turns", data["turns"], MAX_TURNS),
+    ]
+    for t, turn in enumerate(data["turns"]):
+        for key in ("checklist", "expected_calls", "answer_facts"):
+            counted.append((f"turns[{t}].{key}", turn.get(key, ()), MAX_TURN_ITEMS))
+    for where, items, most in counted:
+        if len(items) > most:
+            yield TaskProblem(where, f"has {len(items)} items, at most {most} allowed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,10 +427,10 @@ def _tool_problems(tools: list[dict[str, Any]]) -> Iterator[TaskProblem]:
     first_index: dict[str, int] = {}
     for i, tool in enumerate(tools):
         function = tool["function"]
-        reason = _invalid_schema_reason(function["parameters"])
+        name = function["name"]
+        reason = _parameters_reason(function["parameters"], name)
         if reason is not None:
             yield TaskProblem(f"tools[{i}].function.parameters", reason)
-        name = function["name"]
         if name in first_index:
             yield TaskProblem(
                 f"tools[{i}].function.name",
@@ -452,20 +494,22 @@ def _expected_call_problems(
             yield problem
 
 
-def _environment_problems(
-    data: Mapping[str, Any], known: frozenset[str] | None
-) -> Iterator[TaskProblem]:
+def _environment_problems(data: Mapping[str, Any], known: _Known) -> Iterator[TaskProblem]:
     env = data.get("environment")
     if env is not None:
         unknown = _unknown_keys(env, _ENVIRONMENT_KEYS, "environment")
         if unknown is not None:
             yield unknown
-        if known is not None and env["name"] not in known:
-            names = ", ".join(sorted(known)) or "none registered"
+        if known.names is not None and env["name"] not in known.names:
+            names = ", ".join(sorted(known.names)) or "none registered"
             yield TaskProblem(
                 "environment.name",
                 f"unknown environment {show_text(env['name'], quote=True)} (known: {names})",
             )
+        elif known.registry:
+            problem = _initial_state_problem(env)
+            if problem is not None:
+                yield problem
     if "success" in data and env is None:
         yield TaskProblem(
             "success",
@@ -526,9 +570,8 @@ def _grading_problems(data: Mapping[str, Any]) -> Iterator[TaskProblem]:
         )
 
 
-def _semantic_problems(
-    data: Mapping[str, Any], known: frozenset[str] | None
-) -> Iterator[TaskProblem]:
+def _semantic_problems(data: Mapping[str, Any], known: _Known) -> Iterator[TaskProblem]:
+    yield from _count_problems(data)
     yield from _tool_problems(data["tools"])
     tools = {tool["function"]["name"]: tool["function"] for tool in data["tools"]}
     for t, turn in enumerate(data["turns"]):
@@ -539,27 +582,47 @@ def _semantic_problems(
     yield from _grading_problems(data)
 
 
-def _first_problem(data: Any, known: frozenset[str] | None) -> TaskProblem | None:
-    problem = _schema_problem(data)
+def _first_problem(data: Any, known: _Known) -> TaskProblem | None:
+    problem = _value_problem(data) or _schema_problem(data)
     if problem is not None:
         return problem
     return next(_semantic_problems(data, known), None)
 
 
-def _resolve_known(known_environments: Collection[str] | None) -> frozenset[str] | None:
-    """The accepted environment names; None accepts any name (no registry installed)."""
+@dataclass(frozen=True)
+class _Known:
+    """The accepted environment names (None: any name, no registry installed); `registry`: the
+    names are the registry's, so each task's initial state is loaded into its world as well."""
+
+    names: frozenset[str] | None
+    registry: bool = False
+
+
+def _resolve_known(known_environments: Collection[str] | None) -> _Known:
     if isinstance(known_environments, str):
         raise TypeError("known_environments must be a collection of names, not one string")
     if known_environments is not None:
-        return frozenset(known_environments)
+        return _Known(frozenset(known_environments))
     try:
         from envace.envs.registry import environment_names
     except ModuleNotFoundError as exc:
         if exc.name != "envace.envs.registry":
             raise
         logger.debug("no environment registry installed: accepting any environment name")
-        return None
-    return frozenset(environment_names())
+        return _Known(None)
+    return _Known(frozenset(environment_names()), registry=True)
+
+
+def _initial_state_problem(env: Mapping[str, Any]) -> TaskProblem | None:
+    """Why a registry world refuses the task's initial state (its shape, its cross-references,
+    room for new ids), or None: a task that loads can run (evaluate would fail on it later)."""
+    from envace.envs.registry import make_environment
+
+    try:
+        make_environment(env["name"]).reset(env.get("initial_state", {}))
+    except UserInputError as exc:
+        return TaskProblem("environment.initial_state", _one_line(str(exc)))
+    return None
 
 
 def check_task(
@@ -567,10 +630,19 @@ def check_task(
 ) -> TaskProblem | None:
     """The first problem of a task object (schema, then semantic checks), or None when valid.
 
-    `known_environments=None` takes the names from `envace.envs.registry` (any name when that
-    registry is not installed). Duplicate ids are a property of a file and are not checked here.
+    `known_environments=None` takes the names from `envace.envs.registry` and loads each
+    initial state into its world (any name when that registry is not installed); given names are
+    only names. Duplicate ids are a property of a file and are not checked here.
     """
-    return _first_problem(data, _resolve_known(known_environments))
+    problem = _first_problem(data, _resolve_known(known_environments))
+    if problem is not None:
+        return problem
+    size = len(json.dumps(data, ensure_ascii=False).encode("utf-8"))
+    if size > MAX_LINE_BYTES:  # loaded lines are capped as they are read
+        return TaskProblem(
+            "", f"is {size} bytes as one line, at most {MAX_LINE_BYTES} allowed; shorten its values"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,9 +673,15 @@ def _parse_int(text: str) -> int:
 def _parse_float(text: str) -> float:
     # float() turns 1e999 into inf: the NaN/Infinity rule would be bypassed.
     value = float(text)
+    shown = text if len(text) <= 40 else text[:39] + "…"
     if not math.isfinite(value):
-        shown = text if len(text) <= 40 else text[:39] + "…"
         raise _JsonValueError(f"the number {shown} is too large; use a finite number")
+    # ... and 1e-400 into 0.0: a value the file does not say. (Only a mantissa of zeros is 0.)
+    if value == 0 and re.search(r"[1-9]", re.split(r"[eE]", text, maxsplit=1)[0]):
+        raise _JsonValueError(
+            f"the number {shown} is too small to represent (it would become 0); write 0 or a "
+            "number of at least 1e-308"
+        )
     return value
 
 
@@ -636,18 +714,97 @@ def parse_json_strict(text: str) -> Any:
         raise ValueError("nested too deeply") from exc
 
 
-def _read_lines(path: Path, file: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw bytes) of every non-blank line; bytes so one bad line can be reported."""
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a pipe or FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _cannot_read(file: str, what: str, reason: str) -> TaskFormatError:
+    return TaskFormatError(file, None, None, "", f"cannot read the {what}: {reason}")
+
+
+def _check_regular(info: os.stat_result, file: str, what: str) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise _cannot_read(file, what, f"{os.strerror(errno.EISDIR)}; check the path")
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a file")
+        raise _cannot_read(
+            file,
+            what,
+            f"it is {kind}, not a regular file; give the path of a file on disk (a pipe or a "
+            "process substitution can be read only once, a device may never end)",
+        )
+    if info.st_size > MAX_FILE_BYTES:
+        raise _cannot_read(
+            file,
+            what,
+            f"it is {info.st_size} bytes, over the limit of {MAX_FILE_BYTES} "
+            f"({MAX_FILE_BYTES // 2**20} MiB); split it into smaller files",
+        )
+
+
+@contextmanager
+def open_input_file(
+    path: str | os.PathLike[str], file: str, what: str = "task file"
+) -> Iterator[BinaryIO]:
+    """`path` opened once for reading, as bytes, when it is a regular file of at most
+    MAX_FILE_BYTES; else TaskFormatError naming `file` (`what` it is meant to be) and why.
+
+    Opened without blocking, so a FIFO with no writer is refused instead of hanging the open.
+    """
     try:
-        with path.open("rb") as handle:
-            for lineno, raw in enumerate(handle, start=1):
-                if raw.strip():
-                    yield lineno, raw
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise TaskFormatError(
-            file, None, None, "", f"cannot read the task file: {reason}; check the path"
-        ) from exc
+        raise _cannot_read(file, what, f"{exc.strerror or exc}; check the path") from None
+    try:
+        _check_regular(os.fstat(fd), file, what)
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        try:
+            yield handle
+        except OSError as exc:
+            raise _cannot_read(file, what, exc.strerror or str(exc)) from None
+
+
+def _skip_rest_of_line(handle: BinaryIO) -> int:
+    skipped = 0
+    while chunk := handle.readline(1 << 16):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _read_lines(handle: BinaryIO, file: str) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, raw bytes) of every non-blank line, split on \\n only (a U+2028 inside a
+    string is text); None for a line over MAX_LINE_BYTES, skipped to its end without keeping it.
+    Bytes, so that one bad line can be reported."""
+    lineno = total = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        total += len(raw)
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            total += _skip_rest_of_line(handle)
+            yield lineno, None
+        elif raw.strip():
+            yield lineno, raw
+        if total > MAX_FILE_BYTES:  # it grew while being read
+            raise TaskFormatError(
+                file, lineno, None, "", f"the file grew past {MAX_FILE_BYTES} bytes"
+            )
+
+
+_LONG_LINE = (
+    f"the line is longer than {MAX_LINE_BYTES} bytes ({MAX_LINE_BYTES // 2**20} MiB), the most "
+    "one task may take; shorten its values"
+)
 
 
 def _decode_line(raw: bytes, lineno: int) -> Any:
@@ -673,30 +830,79 @@ def _readable_id(data: Any) -> str | None:
 @dataclass
 class _FileState:
     file: str
-    known: frozenset[str] | None
+    known: _Known
     first_line: dict[str, int] = field(default_factory=dict)
 
-    def task_from_line(self, lineno: int, raw: bytes) -> Task:
+    def object_from_line(self, lineno: int, raw: bytes | None, expected: str) -> dict[str, Any]:
+        """The JSON object on a line; TaskFormatError naming the line when there is none."""
+        if raw is None:
+            raise TaskFormatError(self.file, lineno, None, "", _LONG_LINE)
         try:
             data = _decode_line(raw, lineno)
         except ValueError as exc:
             raise TaskFormatError(self.file, lineno, None, "", str(exc)) from None
         if not isinstance(data, dict):
-            message = f"expected a JSON object (one task per line), got {json_type_name(data)}"
+            message = f"{expected}, got {json_type_name(data)}"
             raise TaskFormatError(self.file, lineno, None, "", message)
+        return data
+
+    def claim_id(self, lineno: int, task_id: str, field: str) -> None:
+        """Refuse an id already seen on an earlier line of the file."""
+        if task_id in self.first_line:
+            message = (
+                f"duplicate task id {show_text(task_id, quote=True)} (first seen on line "
+                f"{self.first_line[task_id]}); ids must be unique in a file"
+            )
+            raise TaskFormatError(self.file, lineno, task_id, field, message)
+        self.first_line[task_id] = lineno
+
+    def task_from_line(self, lineno: int, raw: bytes | None) -> Task:
+        data = self.object_from_line(lineno, raw, "expected a JSON object (one task per line)")
         task_id = _readable_id(data)
         if task_id is not None:
-            if task_id in self.first_line:
-                message = (
-                    f"duplicate task id {show_text(task_id, quote=True)} (first seen on line "
-                    f"{self.first_line[task_id]}); ids must be unique in a file"
-                )
-                raise TaskFormatError(self.file, lineno, task_id, "id", message)
-            self.first_line[task_id] = lineno
+            self.claim_id(lineno, task_id, "id")
         problem = _first_problem(data, self.known)
         if problem is not None:
             raise TaskFormatError(self.file, lineno, task_id, problem.field, problem.message)
         return task_from_dict(data)
+
+
+def scan_tasks(
+    path: str | os.PathLike[str],
+    *,
+    skip_invalid: bool = False,
+    known_environments: Collection[str] | None = None,
+) -> LoadResult:
+    """Check a task file, reading it once, without raising for bad tasks (what `envace tasks
+    validate` reports). Without `skip_invalid`, checking stops at the first bad task: it is
+    `skipped[0]` and the non-blank lines after it are counted in `not_checked`. A file that
+    cannot be read raises TaskFormatError (its `line` is None)."""
+    return _scan(path, skip_invalid, known_environments, count_rest=True)
+
+
+def _scan(
+    path: str | os.PathLike[str],
+    skip_invalid: bool,
+    known_environments: Collection[str] | None,
+    *,
+    count_rest: bool,
+) -> LoadResult:
+    state = _FileState(str(path), _resolve_known(known_environments))
+    tasks: list[Task] = []
+    skipped: list[TaskFormatError] = []
+    not_checked = 0
+    with open_input_file(path, state.file) as handle:
+        for lineno, raw in _read_lines(handle, state.file):
+            if skipped and not skip_invalid:
+                if not count_rest:
+                    break
+                not_checked += 1
+                continue
+            try:
+                tasks.append(state.task_from_line(lineno, raw))
+            except TaskFormatError as err:
+                skipped.append(err)
+    return LoadResult(tasks=tasks, skipped=skipped, not_checked=not_checked)
 
 
 def load_tasks(
@@ -705,60 +911,114 @@ def load_tasks(
     skip_invalid: bool = False,
     known_environments: Collection[str] | None = None,
 ) -> LoadResult:
-    """Load and validate a task file (JSON Lines, blank lines ignored).
+    """Load and validate a task file (JSON Lines, blank lines ignored; see docs/task_format.md
+    for the limits on files, lines and tasks).
 
     By default the first bad task raises `TaskFormatError`. With `skip_invalid`, bad tasks are
     collected in `LoadResult.skipped` (one error each, in file order) and loading goes on; a file
-    that cannot be read at all raises either way. `known_environments=None` takes the names from
-    `envace.envs.registry` (any name when that registry is not installed).
+    that cannot be read at all (missing, a folder, a pipe or a device, too large) raises either
+    way. `known_environments=None` takes the names from `envace.envs.registry` and loads each
+    initial state into its world (any name when that registry is not installed).
     """
-    state = _FileState(str(path), _resolve_known(known_environments))
-    tasks: list[Task] = []
-    skipped: list[TaskFormatError] = []
-    for lineno, raw in _read_lines(Path(path), state.file):
-        try:
-            tasks.append(state.task_from_line(lineno, raw))
-        except TaskFormatError as err:
-            if not skip_invalid:
-                raise
-            skipped.append(err)
-    if skipped:
+    result = _scan(path, skip_invalid, known_environments, count_rest=False)
+    if result.skipped and not skip_invalid:
+        raise result.skipped[0]
+    if result.skipped:
         logger.warning(
             "%s: skipped %d invalid task(s), loaded %d; first: %s",
-            state.file,
-            len(skipped),
-            len(tasks),
-            skipped[0],
+            path,
+            len(result.skipped),
+            len(result.tasks),
+            result.skipped[0],
         )
-    return LoadResult(tasks=tasks, skipped=skipped)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Gold conversations
+
+
+def _gold_content_problem(message: dict[str, Any], base: str) -> TaskProblem | None:
+    content = message.get("content")
+    # A tool result may be any JSON value (it is shown as JSON); the others are text.
+    if message["role"] != "tool" and not (content is None or isinstance(content, str)):
+        return TaskProblem(
+            f"{base}.content", f"expected string or null, got {json_type_name(content)}"
+        )
+    return None
+
+
+def _gold_call_problem(call: Any, base: str) -> TaskProblem | None:
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return TaskProblem(base, 'expected {"function": {"name": ..., "arguments": ...}}')
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = parse_json_strict(arguments)
+        except ValueError as exc:
+            return TaskProblem(f"{base}.function.arguments", f"not valid JSON: {exc}")
+    if not isinstance(arguments, dict):
+        found = json_type_name(arguments)
+        return TaskProblem(f"{base}.function.arguments", f"expected an object, got {found}")
+    return None
+
+
+def _gold_message_problems(messages: list[Any]) -> Iterator[TaskProblem]:
+    """What the warm start's replay of a gold conversation relies on, message by message."""
+    for i, message in enumerate(messages):
+        base = f"messages[{i}]"
+        if not isinstance(message, dict):
+            yield TaskProblem(
+                base, f"expected a chat message (an object), got {json_type_name(message)}"
+            )
+            return
+        role = message.get("role")
+        if role not in REFERENCE_ROLES:
+            roles = ", ".join(REFERENCE_ROLES)
+            yield TaskProblem(
+                f"{base}.role", f"{_short(role)} is not a valid role (one of {roles})"
+            )
+            return
+        content = _gold_content_problem(message, base)
+        if content is not None:
+            yield content
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            yield TaskProblem(f"{base}.tool_calls", f"expected array, got {json_type_name(calls)}")
+            return
+        for j, call in enumerate(calls):
+            problem = _gold_call_problem(call, f"{base}.tool_calls[{j}]")
+            if problem is not None:
+                yield problem
+
+
+_GOLD_SHAPE = (
+    "expected an object with a string task_id and a messages list"
+    " (docs/task_format.md, gold conversations)"
+)
+
+
+def _gold_record(state: _FileState, lineno: int, raw: bytes | None) -> tuple[str, list[Any]]:
+    rec = state.object_from_line(lineno, raw, _GOLD_SHAPE)
+    task_id, messages = rec.get("task_id"), rec.get("messages")
+    if not isinstance(task_id, str) or not task_id or not isinstance(messages, list):
+        raise TaskFormatError(state.file, lineno, None, "", _GOLD_SHAPE)
+    state.claim_id(lineno, task_id, "task_id")
+    problem = _value_problem(rec) or next(_gold_message_problems(messages), None)
+    if problem is not None:
+        raise TaskFormatError(state.file, lineno, task_id, problem.field, problem.message)
+    return task_id, messages
 
 
 def load_gold(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Gold conversations (`{"task_id": ..., "messages": [...]}` per line) by task id; errors
-    name the file, the line and what is wrong."""
-    name = str(path)
+    """Gold conversations (`{"task_id": ..., "messages": [...]}` per line) by task id, read like
+    a task file (strict JSON, the same limits); errors name the file, the line, the task id and
+    the field."""
+    state = _FileState(str(path), _Known(None))
     gold: dict[str, list[dict[str, Any]]] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserInputError(f"{name}: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise UserInputError(f"{name}: cannot read the gold file: {exc.strerror}") from None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserInputError(f"{name}:{lineno}: not valid JSON ({exc.msg})") from None
-        if (
-            not isinstance(rec, dict)
-            or not isinstance(rec.get("task_id"), str)
-            or not isinstance(rec.get("messages"), list)
-        ):
-            raise UserInputError(
-                f"{name}:{lineno}: expected an object with a string task_id and a messages list"
-                " (docs/task_format.md, gold conversations)"
-            )
-        gold[rec["task_id"]] = rec["messages"]
+    with open_input_file(path, state.file, "gold file") as handle:
+        for lineno, raw in _read_lines(handle, state.file):
+            task_id, messages = _gold_record(state, lineno, raw)
+            gold[task_id] = messages
     return gold

@@ -298,7 +298,11 @@ def test_default_environment_names_come_from_the_registry() -> None:
     assert names, "the registry should name at least one environment"
     data = full_task_dict()
     data["environment"]["name"] = names[0]
-    assert check_task(data) is None
+    # The name is accepted; the fixture's illustrative state is then loaded into that world,
+    # which refuses it (a task that validates must be able to run).
+    problem = check_task(data)
+    assert problem is not None and problem.field == "environment.initial_state"
+    assert f"{names[0]} initial_state is malformed" in problem.message
     data["environment"]["name"] = "no-such-world-" + "x" * 8
     problem = check_task(data)
     assert problem is not None and problem.field == "environment.name"

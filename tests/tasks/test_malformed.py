@@ -202,7 +202,7 @@ CASES = [
         "t2",
         "tools[0].function.parameters",
         "not a valid JSON schema at properties.to.type: 3 is not valid under any of the given "
-        "schemas",
+        "schemas (tool 'transfer')",
     ),
     Case(
         "tool-parameters-missing",
@@ -336,10 +336,11 @@ CASES = [
             )
         ),
         "t2",
-        "turns[0].expected_calls[0].arguments",
-        "cannot check against the parameters of tool 'transfer': "
-        "Unresolvable: https://example.com/account.json; "
-        "inline the referenced schema (remote $refs are not fetched)",
+        "tools[0].function.parameters",
+        'cannot be used as parameters at properties.to["$ref"]: $ref '
+        '"https://example.com/account.json" points outside the schema, and refs are never '
+        'fetched (no network, no files): inline it under $defs and use "#/$defs/NAME" '
+        "(tool 'transfer')",
     ),
     Case(
         "expected-call-arguments-not-object",
