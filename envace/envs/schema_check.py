@@ -266,6 +266,7 @@ class _Automaton:
         self._steps: dict[tuple[frozenset[int], str], frozenset[int]] = {}
 
     def search(self, text: str) -> bool:
+        """One pass over `text`, keeping the set of states every match begun so far is in."""
         budget = [MAX_MATCH_STEPS]
         n = len(text)
         current: frozenset[int] = frozenset()
@@ -408,7 +409,7 @@ _StrictValidator = jsonschema.validators.extend(
 )
 # Validators and verdicts are memoised by the schema's canonical JSON; a huge schema is checked
 # every time rather than kept.
-_MEMO_KEY_LIMIT = 65_536
+_MEMO_KEY_LIMIT = 16_384
 _validators: dict[tuple[str, bool], Any] = {}
 
 

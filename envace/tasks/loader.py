@@ -1,8 +1,14 @@
 """Load and validate task files (JSON Lines, one task per line; see docs/task_format.md).
 
-Validation is the JSON schema shipped in `envace/tasks/schema/` plus the checks a schema cannot
-express: unique ids, checklist weights summing to 1, expected calls that match a tool and its
-parameter schema, a known environment, at least one way to grade the task. Every problem becomes
+The format admits only what the rest of EnvACE can handle, so a task that loads can be run:
+a file is read once and only when it is a regular file; lines, nesting, strings and list
+lengths are capped (the MAX_* constants, docs/task_format.md "Limits"); strings must be text
+(no lone surrogates) and numbers plain finite doubles. Then comes the JSON schema shipped in
+`envace/tasks/schema/`, and the checks a schema cannot express: unique ids, checklist weights
+summing to 1, parameter schemas the worlds can check at a bounded cost
+(`envace.envs.schema_check`), expected calls that satisfy them as a world would, a known
+environment whose world accepts the initial state, at least one way to grade the task. Every
+problem becomes
 a `TaskFormatError` naming the file, the line, the task id and the field path, e.g.
 `tasks.jsonl:17 (id=bank-3): turns[1].checklist[0].weight: weights of turn 1 sum to 0.8,
 expected 1`.

@@ -241,3 +241,20 @@ def test_tools_are_closed_openai_schemas() -> None:
         params = tool["function"]["parameters"]
         assert tool["type"] == "function" and params["additionalProperties"] is False
         assert set(params["required"]) == set(params["properties"])
+
+
+def test_a_state_without_room_for_new_transaction_ids_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #20: a full id space is refused when the world loads, not found by a loop."""
+    from envace.envs import state as state_module
+
+    monkeypatch.setattr(state_module, "ID_SPACE", 8)  # at most 4 transactions then
+    full = copy.deepcopy(STATE)
+    full["transactions"] = {
+        f"TX-{i}": {"from": "ACC-a1", "to": "ACC-b1", "amount": 1} for i in range(5)
+    }
+    with pytest.raises(UserInputError, match="bank initial_state is too full: transactions: 5 "):
+        BankWorld().reset(full)
+    del full["transactions"]["TX-0"]
+    BankWorld().reset(full)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from envace.envs.state import final_state_matches, first_mismatch, next_opaque_id
+from envace.envs.state import (
+    ID_SPACE,
+    MAX_ID_DRAWS,
+    final_state_matches,
+    first_mismatch,
+    id_room_problem,
+    next_opaque_id,
+)
+from envace.errors import UserInputError
 
 STATE = {
     "accounts": {"ACC-1": {"owner": "Al", "balance": 450}, "ACC-2": {"balance": 0}},
@@ -76,3 +84,19 @@ def test_opaque_ids_skip_taken_ids() -> None:
     fresh = next_opaque_id(ids, "ORD", taken)
     assert fresh not in taken
     assert ids["next"] == 2
+
+
+def test_an_id_search_is_bounded_when_every_id_is_taken() -> None:
+    """Issue #20: a state whose id space is exhausted used to loop forever."""
+    ids = {"salt": "s", "next": 0}
+    everything = {f"TX-{n:04x}" for n in range(ID_SPACE)}
+    with pytest.raises(UserInputError, match=f"no free TX id after {MAX_ID_DRAWS} draws"):
+        next_opaque_id(ids, "TX", everything)
+    assert ids["next"] == MAX_ID_DRAWS
+
+
+def test_id_room_allows_half_the_id_space() -> None:
+    assert id_room_problem("orders", range(ID_SPACE // 2)) is None
+    assert id_room_problem("orders", range(ID_SPACE // 2 + 1)) == (
+        f"orders: {ID_SPACE // 2 + 1} entries leave no room for new ids (at most {ID_SPACE // 2})"
+    )

@@ -202,3 +202,93 @@ def test_evaluate_takes_the_runs_prompt_settings() -> None:
     args = parser.parse_args([*base, "--tool-schemas", "compact", "--sim-whitelist", "names"])
     cfg = evaluate_cli._rollout_config(args)
     assert (cfg.tool_schemas, cfg.sim_whitelist) == ("compact", "names")
+
+
+# ---------------------------------------------------------------------------------------------
+# Every task that validates can be evaluated (issue #20)
+
+
+def _bank_task(task_dir: Path, **changes: object) -> dict[str, object]:
+    """A generated bank task (a valid world state), with `changes` applied on top."""
+    for line in (task_dir / "test.jsonl").read_text().splitlines():
+        data = json.loads(line)
+        if data["environment"]["name"] == "bank":
+            data.update(changes)
+            return data
+    raise AssertionError("the generated split has no bank task")
+
+
+def test_a_task_without_an_environment_is_refused_up_front_or_skipped(
+    task_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mixed.jsonl"
+    plain = {
+        "id": "no-world",
+        "tools": [{"type": "function", "function": {"name": "ping", "parameters": {}}}],
+        "turns": [{"user": "ping", "expected_calls": [{"name": "ping", "arguments": {}}]}],
+    }
+    path.write_text(json.dumps(_bank_task(task_dir)) + "\n" + json.dumps(plain) + "\n")
+    args = ["evaluate", "--policy", "oracle", "--tasks", str(path), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert (
+        "1 task(s) name no environment ('no-world'): evaluation runs every task in its world" in err
+    )
+    assert "Traceback" not in err and "--skip-invalid leaves them out" in err
+    assert main([*args, "--skip-invalid"]) == 0
+    captured = capsys.readouterr()
+    assert "task 'no-world' names no environment; not evaluated" in captured.err
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["n_tasks"] == 1 and metrics["success_rate"] == 1.0
+    from envace.errors import UserInputError
+    from envace.tasks.io import task_from_dict
+
+    with pytest.raises(UserInputError, match="name no environment"):
+        evaluate_policy(OraclePolicy(), [task_from_dict(plain)], RolloutConfig())
+
+
+def test_random_and_empty_play_any_valid_schema(task_dir: Path, tmp_path: Path) -> None:
+    """`true` sub-schemas, an empty enum and a list of types used to crash the random policy."""
+    odd = {
+        "type": "object",
+        "properties": {
+            "a": True,
+            "b": {"enum": []},
+            "c": {"type": ["integer", "null"]},
+            "d": {"enum": [{"deep": [1]}]},
+        },
+    }
+    tools = [{"type": "function", "function": {"name": "transfer", "parameters": odd}}]
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps(_bank_task(task_dir, tools=tools, turns=[{"user": "go"}])) + "\n")
+    for policy in ("random", "empty"):
+        out = tmp_path / policy
+        assert main(["evaluate", "--policy", policy, "--tasks", str(path), "--out", str(out)]) == 0
+        assert json.loads((out / "metrics.json").read_text())["n_episodes"] == 1
+
+
+def test_the_valid_call_rate_checks_integers_as_the_world_does() -> None:
+    from envace.rollout.validation import call_is_schema_valid
+    from envace.tasks.model import Task, Turn
+
+    params = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    task = Task(
+        id="t",
+        tools=({"type": "function", "function": {"name": "f", "parameters": params}},),
+        turns=(Turn("u"),),
+    )
+    assert call_is_schema_valid(task, ToolCall("f", {"n": 430}))
+    assert not call_is_schema_valid(task, ToolCall("f", {"n": 430.0}))
+
+
+def test_the_example_of_the_task_format_validates_and_the_oracle_solves_it(
+    tmp_path: Path,
+) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "task_format.md").read_text("utf-8")
+    example = doc.split("## Example", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.jsonl"
+    path.write_text(json.dumps(json.loads(example)) + "\n")
+    from envace.tasks.loader import load_tasks
+
+    tasks = load_tasks(path).tasks
+    assert evaluate_policy(OraclePolicy(), tasks, RolloutConfig()).metrics.success_rate == 1.0

@@ -431,6 +431,193 @@ CASES = [
 ]
 
 
+def params(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    """Set `value` at `path` inside the transfer tool's parameter schema."""
+    return set_path("tools", 0, "function", "parameters", *path, value)
+
+
+def integer_amount_written(amount: Any) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        data["tools"][0]["function"]["parameters"]["properties"]["amount"] = {"type": "integer"}
+        data["turns"][0]["expected_calls"][0]["arguments"]["amount"] = amount
+
+    return change
+
+
+def nested(levels: int) -> Any:
+    value: Any = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def pattern_arg(pattern: str, value: str) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        data["tools"][0]["function"]["parameters"]["properties"]["to"]["pattern"] = pattern
+        data["turns"][0]["expected_calls"][0]["arguments"]["to"] = value
+
+    return change
+
+
+REFS_OUTSIDE = "points outside the schema, and refs are never fetched (no network, no files): "
+RECURSIVE = (
+    "this $ref leads back to a schema that contains it (a recursive schema); tool parameters "
+    "must not recurse: write the nesting out to the depth you need (tool 'transfer')"
+)
+# Issue #20: inputs that used to validate and then crash or hang later, or hang validation.
+CASES += [
+    Case(
+        "tool-name-with-final-newline",
+        mutated(
+            lambda d: (
+                d["tools"][0]["function"].update(name="transfer\n"),
+                d["turns"][0]["expected_calls"][0].update(name="transfer\n"),
+            )
+        ),
+        "t2",
+        "tools[0].function.name",
+        '"transfer\\n" does not match the pattern ^[A-Za-z_][A-Za-z0-9_.\\-]{0,127}$',
+    ),
+    Case(
+        "integer-written-as-float",
+        mutated(integer_amount_written(430.0)),
+        "t2",
+        "turns[0].expected_calls[0].arguments.amount",
+        "expected integer, got number (parameters of tool 'transfer')",
+    ),
+    Case(
+        "number-that-would-become-zero",
+        mutated(args({"to": "bob", "amount": 5})).replace('"amount": 5}', '"amount": 1e-400}'),
+        None,
+        "",
+        "not valid JSON: the number 1e-400 is too small to represent (it would become 0); "
+        "write 0 or a number of at least 1e-308",
+    ),
+    Case(
+        "lone-surrogate",
+        mutated(set_path("turns", 0, "user", "Send 5 SURROGATE")).replace("SURROGATE", "\\ud800"),
+        "t2",
+        "turns[0].user",
+        "holds a lone surrogate (\\ud800 at character 7), which is not text; fix the escape "
+        "(a pair such as \\ud83d\\ude00 is one character)",
+    ),
+    Case(
+        "lone-surrogate-in-a-key",
+        mutated(set_path("meta", {"SURROGATE": 1})).replace("SURROGATE", "\\udfff"),
+        "t2",
+        "meta",
+        "a key holds a lone surrogate (\\udfff at character 0), which is not text; fix the "
+        "escape (a pair such as \\ud83d\\ude00 is one character)",
+    ),
+    Case(
+        "meta-nested-too-deeply",
+        mutated(set_path("meta", nested(900))),
+        "t2",
+        "meta" + ".a" * 63,
+        "nested more than 64 levels deep (objects and arrays); flatten it",
+    ),
+    Case(
+        "string-too-long",
+        mutated(set_path("system", "x" * 100_001)),
+        "t2",
+        "system",
+        "is 100001 characters long, at most 100000 allowed",
+    ),
+    Case(
+        "too-many-tools",
+        mutated(lambda d: d["tools"].extend(tool(f"t{i}") for i in range(128))),
+        "t2",
+        "tools",
+        "has 129 items, at most 128 allowed",
+    ),
+    Case(
+        "too-many-turns",
+        mutated(lambda d: d["turns"].extend({"user": f"turn {i}"} for i in range(64))),
+        "t2",
+        "turns",
+        "has 65 items, at most 64 allowed",
+    ),
+    Case(
+        "too-many-expected-calls",
+        mutated(
+            lambda d: d["turns"][0]["expected_calls"].extend(
+                copy.deepcopy(d["turns"][0]["expected_calls"]) * 64
+            )
+        ),
+        "t2",
+        "turns[0].expected_calls",
+        "has 65 items, at most 64 allowed",
+    ),
+    Case(
+        "tool-parameters-file-ref",
+        mutated(params(("properties", "to"), {"$ref": "file:///etc/passwd"})),
+        "t2",
+        "tools[0].function.parameters",
+        'cannot be used as parameters at properties.to["$ref"]: $ref "file:///etc/passwd" '
+        + REFS_OUTSIDE
+        + "inline it under $defs and use \"#/$defs/NAME\" (tool 'transfer')",
+    ),
+    Case(
+        "tool-parameters-ref-to-itself",
+        mutated(set_path("tools", 0, "function", "parameters", {"$ref": "#"})),
+        "t2",
+        "tools[0].function.parameters",
+        'cannot be used as parameters at ["$ref"]: ' + RECURSIVE,
+    ),
+    Case(
+        "tool-parameters-mutual-refs",
+        mutated(
+            set_path(
+                "tools",
+                0,
+                "function",
+                "parameters",
+                {
+                    "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                    "$ref": "#/$defs/a",
+                },
+            )
+        ),
+        "t2",
+        "tools[0].function.parameters",
+        'cannot be used as parameters at ["$defs"].b["$ref"]: ' + RECURSIVE,
+    ),
+    Case(
+        "tool-parameters-dangling-ref",
+        mutated(params(("properties", "to"), {"$ref": "#/$defs/account"})),
+        "t2",
+        "tools[0].function.parameters",
+        'cannot be used as parameters at properties.to["$ref"]: $ref "#/$defs/account" points '
+        "at nothing in this schema (tool 'transfer')",
+    ),
+    Case(
+        "tool-parameters-lookahead-pattern",
+        mutated(params(("properties", "to", "pattern"), "^(?=b)")),
+        "t2",
+        "tools[0].function.parameters",
+        'cannot be used as parameters at properties.to.pattern: pattern "^(?=b)": '
+        "lookahead/lookbehind (?=...) (?!...) (?<=...) (?<!...) need backtracking and are not "
+        "supported (tool 'transfer')",
+    ),
+    Case(
+        "tool-parameters-pattern-properties",
+        mutated(params(("patternProperties",), {"^x": {}})),
+        "t2",
+        "tools[0].function.parameters",
+        "cannot be used as parameters at patternProperties: patternProperties is not supported: "
+        "list the properties, or use propertyNames with a pattern (tool 'transfer')",
+    ),
+    Case(
+        "catastrophic-pattern-is-matched-in-linear-time",
+        mutated(pattern_arg("^(a+)+$", "a" * 40 + "!")),
+        "t2",
+        "turns[0].expected_calls[0].arguments.to",
+        '"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!" does not match the pattern ^(a+)+$ '
+        "(parameters of tool 'transfer')",
+    ),
+]
+
+
 def test_the_table_covers_enough_distinct_inputs() -> None:
     assert len(CASES) >= 25
     assert len({c.name for c in CASES}) == len(CASES)
