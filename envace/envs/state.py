@@ -44,19 +44,7 @@ def first_mismatch(expected_subset: Any, state: Any, path: str = "$") -> str | N
 
     Example: `$.accounts.ACC-7f3a.balance: expected 450, got 500`.
     """
-    if isinstance(expected_subset, dict):
-        if not isinstance(state, dict):
-            return f"{path}: expected an object, got {_short(state)}"
-        for key, value in expected_subset.items():
-            if key not in state:
-                return f"{path}.{key}: missing"
-            found = first_mismatch(value, state[key], f"{path}.{key}")
-            if found is not None:
-                return found
-        return None
-    if not _json_equal(expected_subset, state):
-        return f"{path}: expected {_short(expected_subset)}, got {_short(state)}"
-    return None
+    return _first_gap(expected_subset, state, path, whole=False)
 
 
 def first_difference(expected: Any, state: Any, path: str = "$") -> str | None:
@@ -65,22 +53,27 @@ def first_difference(expected: Any, state: Any, path: str = "$") -> str | None:
 
     Example: `$.files./docs/b.txt: not expected (got 'secret')` for a file that should not be.
     """
+    return _first_gap(expected, state, path, whole=True)
+
+
+def _first_gap(expected: Any, state: Any, path: str, whole: bool) -> str | None:
+    """The one walk behind both rules: objects key by key (`whole`: no extra keys either, and
+    equal-length lists element by element, for a precise line); anything else JSON-equal."""
     if isinstance(expected, dict):
         if not isinstance(state, dict):
             return f"{path}: expected an object, got {_short(state)}"
         for key, value in expected.items():
             if key not in state:
                 return f"{path}.{key}: missing"
-            found = first_difference(value, state[key], f"{path}.{key}")
+            found = _first_gap(value, state[key], f"{path}.{key}", whole)
             if found is not None:
                 return found
-        for key in state:
-            if key not in expected:
-                return f"{path}.{key}: not expected (got {_short(state[key])})"
-        return None
-    if isinstance(expected, list) and isinstance(state, list) and len(expected) == len(state):
+        extra = [key for key in state if key not in expected] if whole else []
+        return f"{path}.{extra[0]}: not expected (got {_short(state[extra[0]])})" if extra else None
+    lists = isinstance(expected, list) and isinstance(state, list)
+    if whole and lists and len(expected) == len(state):
         for i, (a, b) in enumerate(zip(expected, state, strict=True)):
-            found = first_difference(a, b, f"{path}[{i}]")
+            found = _first_gap(a, b, f"{path}[{i}]", whole)
             if found is not None:
                 return found
         return None
