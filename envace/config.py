@@ -746,7 +746,7 @@ def load_yaml(text: str, source: str) -> Any:
     try:
         loader = _StrictLoader(text)  # reads the first characters already: may raise
     except yaml.YAMLError as exc:
-        raise _NotYAML(f"{source}: not valid YAML: {exc}") from None
+        raise _NotYAML(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
     loader.source = source
     try:
         node = loader.get_single_node()
@@ -755,12 +755,20 @@ def load_yaml(text: str, source: str) -> Any:
         _check_graph(node, source)
         return _as_tree(loader.construct_document(node))
     except yaml.YAMLError as exc:
-        raise _NotYAML(f"{source}: not valid YAML: {exc}") from None
+        raise _NotYAML(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
     except ValueError as exc:  # an integer past Python's 4300-digit limit
         reason = str(exc).split(":", 1)[0]
         raise ConfigError(f"{source}: a value cannot be read ({reason}); shorten it") from None
     finally:
         loader.dispose()
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's reason in one line, with the line and column it points at."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return f"{problem}{where}"
 
 
 def _parse_scalar(item: str, text: str) -> Any:
@@ -815,13 +823,23 @@ def _read_config_text(p: Path) -> str:
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML file <- overrides, then validation (nothing is written here, so a
     refused config leaves every output as it was)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        loaded = load_yaml(_read_config_text(p), str(p))
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections")
-        data = loaded or {}
-    data = apply_overrides(data, overrides)
+    if path is None:
+        return config_from_text("", "<defaults>", overrides)
+    p = Path(path)
+    return config_from_text(_read_config_text(p), str(p), overrides)
+
+
+def config_sections(text: str, source: str) -> dict[str, Any]:
+    """The sections of a config's YAML (or JSON) text, read strictly (`load_yaml`); ConfigError
+    naming `source` when the text is not YAML or its top level is not a mapping."""
+    loaded = load_yaml(text, source)
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of config sections")
+    return loaded or {}
+
+
+def config_from_text(text: str, source: str, overrides: Sequence[str] = ()) -> Config:
+    """Defaults <- the YAML (or JSON) `text` <- overrides, validated; errors name `source`."""
+    data = apply_overrides(config_sections(text, source), overrides)
     cfg: Config = _build(Config, data)
     return validate(cfg)

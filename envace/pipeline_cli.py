@@ -322,10 +322,10 @@ def _one_line(exc: Exception) -> str:
 
 
 def _check_config_param(label: str, text: str) -> None:
-    from envace.stages import config_from_text
+    from envace.stages import pipeline_config
 
     try:
-        config_from_text(text)
+        pipeline_config(text)
     except UserInputError as exc:
         raise UserInputError(f"--param config: {_one_line(exc)}") from None
 

@@ -31,6 +31,7 @@ from envace.cluster.trainjob import (
     parse_key_value,
     parse_toleration,
 )
+from envace.config import config_sections
 from envace.errors import UserInputError
 
 __all__ = ["register"]
@@ -178,6 +179,12 @@ def _add_check(sub: Any) -> None:
         help="check the prerequisites: Kubeflow Trainer, JobSet, the EnvACE runtime, KFP, GPUs",
     )
     _runtime_args(parser)
+    parser.add_argument(
+        "--kfp-namespace",
+        default="kubeflow",
+        help="namespace of Kubeflow Pipelines' API server, whose version is checked (default: "
+        "%(default)s)",
+    )
     _connection_args(parser)
     parser.set_defaults(func=_check)
 
@@ -200,12 +207,7 @@ def _read_config(path: Path) -> str:
         text = path.read_text()
     except OSError as exc:
         raise UserInputError(f"--config {path}: cannot read it ({exc.strerror})") from exc
-    try:
-        parsed = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserInputError(f"--config {path}: not valid YAML ({exc})") from exc
-    if not isinstance(parsed, dict):
-        raise UserInputError(f"--config {path}: expected a YAML mapping of config sections")
+    config_sections(text, f"--config {path}")  # a ConfigError (exit 2) names what is wrong
     return text
 
 
@@ -323,6 +325,12 @@ def _dry_run_namespace(args: argparse.Namespace) -> tuple[str, str]:
 def _dry_run(args: argparse.Namespace, config_text: str) -> int:
     namespace, source = _dry_run_namespace(args)
     spec = _spec_from_args(args, namespace)
+    if spec.gpus_per_node and (spec.cpu is None or spec.memory is None):
+        # A real submit takes them from the runtime; a dry run reads no cluster.
+        raise UserInputError(
+            f"--gpus-per-node {spec.gpus_per_node} replaces the runtime's resources: a dry run "
+            "reads no runtime to take CPU and memory from, so give --cpu and --memory too"
+        )
     if not args.namespace:
         print(
             f"envace: dry run for namespace {namespace} ({source}); -n NAMESPACE picks another",
@@ -418,7 +426,7 @@ def _check(args: argparse.Namespace) -> int:
         api_client, context_namespace = connect(args.kubeconfig, args.context)
         namespace = args.namespace or context_namespace
         kind = "ClusterTrainingRuntime" if args.cluster_runtime else "TrainingRuntime"
-        checks = check_cluster(api_client, namespace, args.runtime, kind)
+        checks = check_cluster(api_client, namespace, args.runtime, kind, args.kfp_namespace)
     except ClusterError as exc:
         print(f"envace: error: {exc}", file=sys.stderr)
         return 1

@@ -32,6 +32,7 @@ from envace.cluster.trainjob import (
     TrainJobSpec,
     build_config_map,
     build_trainjob,
+    with_runtime_resources,
 )
 from envace.errors import EnvaceError
 
@@ -278,8 +279,8 @@ class TrainJobClient:
             )
         self.check_runtime(runtime, runtime_kind)
 
-    def check_runtime(self, runtime: str, runtime_kind: str) -> None:
-        """Fail with the install command when the referenced training runtime does not exist."""
+    def check_runtime(self, runtime: str, runtime_kind: str) -> dict[str, Any]:
+        """The referenced training runtime; fails with the install command when it does not exist."""
         where = (
             "the cluster"
             if runtime_kind == "ClusterTrainingRuntime"
@@ -288,7 +289,7 @@ class TrainJobClient:
         try:
             with self._call(f"reading {runtime_kind} {runtime!r}"):
                 if runtime_kind == "ClusterTrainingRuntime":
-                    self.custom.get_cluster_custom_object(
+                    obj: dict[str, Any] = self.custom.get_cluster_custom_object(
                         GROUP,
                         VERSION,
                         "clustertrainingruntimes",
@@ -296,7 +297,7 @@ class TrainJobClient:
                         _request_timeout=_REQUEST_TIMEOUT,
                     )
                 else:
-                    self.custom.get_namespaced_custom_object(
+                    obj = self.custom.get_namespaced_custom_object(
                         GROUP,
                         VERSION,
                         self.namespace,
@@ -311,6 +312,7 @@ class TrainJobClient:
                     f"`helm install envace charts/envace -n {self.namespace}` or pass --runtime"
                 ) from exc
             raise
+        return obj
 
     def create(self, spec: TrainJobSpec, config_text: str) -> dict[str, Any]:
         """Create the TrainJob, then its config ConfigMap owned by it; returns the created TrainJob.
@@ -318,6 +320,11 @@ class TrainJobClient:
         The ConfigMap comes second so it can carry the TrainJob's uid as owner (garbage-collected
         with it); pods wait for it to appear. If it cannot be created the TrainJob is removed again.
         """
+        if spec.gpus_per_node and (spec.cpu is None or spec.memory is None):
+            # resourcesPerNode replaces the runtime's resources as a whole: GPUs alone would
+            # leave the pods with no CPU or memory request.
+            runtime = self.check_runtime(spec.runtime, spec.runtime_kind)
+            spec = with_runtime_resources(spec, runtime)
         body = build_trainjob(spec)
         with self._call(f"creating TrainJob {self.namespace}/{spec.name}"):
             created: dict[str, Any] = self.custom.create_namespaced_custom_object(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +45,9 @@ __all__ = [
     "default_job_name",
     "parse_key_value",
     "parse_toleration",
+    "runtime_node_resources",
     "validate_job_name",
+    "with_runtime_resources",
 ]
 
 GROUP = "trainer.kubeflow.org"
@@ -266,6 +268,49 @@ def parse_toleration(text: str) -> Toleration:
     if not _LABEL_KEY.match(key):
         raise UserInputError(f"--toleration {text!r}: {key!r} is not a valid taint key")
     return Toleration(key=key, effect=effect, value=value if sep else None)
+
+
+def runtime_node_resources(runtime: Mapping[str, Any]) -> dict[str, Any]:
+    """The `resources` of the `node` container of a (Cluster)TrainingRuntime object ({} when it
+    sets none): what a TrainJob's `resourcesPerNode` would replace."""
+    for job in _dig(runtime, "spec", "template", "spec", "replicatedJobs") or []:
+        if not isinstance(job, dict) or job.get("name") != "node":
+            continue
+        for container in _dig(job, "template", "spec", "template", "spec", "containers") or []:
+            if isinstance(container, dict) and container.get("name") == "node":
+                resources = container.get("resources")
+                return dict(resources) if isinstance(resources, dict) else {}
+    return {}
+
+
+def _dig(obj: Any, *keys: str) -> Any:
+    """obj[k1][k2]..., None where a level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def with_runtime_resources(spec: TrainJobSpec, runtime: Mapping[str, Any]) -> TrainJobSpec:
+    """`spec` with the CPU and memory it leaves unset taken from the runtime's node requests.
+
+    A TrainJob's `resourcesPerNode` replaces the runtime's resources as a whole (Trainer >= 2.2),
+    so `--gpus-per-node 8` alone would give pods no CPU or memory request. UserInputError when
+    the runtime has none to take either.
+    """
+    requests = runtime_node_resources(runtime).get("requests") or {}
+    kind = runtime.get("kind", spec.runtime_kind)
+    cpu = spec.cpu if spec.cpu is not None else requests.get("cpu")
+    memory = spec.memory if spec.memory is not None else requests.get("memory")
+    missing = [flag for flag, value in (("--cpu", cpu), ("--memory", memory)) if value is None]
+    if missing:
+        raise UserInputError(
+            f"--gpus-per-node {spec.gpus_per_node} replaces the resources of {kind} "
+            f"{spec.runtime!r}, which requests no {' or '.join(m[2:] for m in missing)} for its "
+            f"node container: give {' and '.join(missing)} (e.g. --cpu 16 --memory 128Gi)"
+        )
+    return replace(spec, cpu=str(cpu), memory=str(memory))
 
 
 def _resources(spec: TrainJobSpec) -> dict[str, dict[str, str | int]] | None:

@@ -102,9 +102,17 @@ def normalise_base_urls(base_url: str | Sequence[str]) -> list[str]:
     if not urls:
         raise ConfigError("base_url: empty list; give at least one URL like http://host:port/v1")
     for url in urls:
-        if urlsplit(url).scheme not in ("http", "https"):
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parses the port: ValueError when out of range
+        except ValueError as exc:  # an unclosed IPv6 bracket, a bad address, a port past 65535
             raise ConfigError(
-                f"base_url: {_redact(url)!r} is not an http(s) URL; "
+                f"base_url: {_redact(url)!r} is not a valid URL ({exc}); "
+                "give the API root, e.g. http://judge:10001/v1 or http://[::1]:8000/v1"
+            ) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"base_url: {_redact(url)!r} is not an http(s) URL with a host; "
                 "give the API root, e.g. http://judge:10001/v1"
             )
     return [url.rstrip("/") for url in urls]

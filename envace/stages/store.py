@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from envace.config import Config, load_config
-from envace.errors import ConfigError, EnvaceError, UserInputError
+from envace.config import Config, config_from_text
+from envace.errors import EnvaceError, UserInputError
 from envace.storage.artifacts import (
     commit_dir,
     fetch_dir,
@@ -51,23 +51,9 @@ class StageError(EnvaceError):
 
 
 # --- config and store -------------------------------------------------------------------------
-def config_from_text(text: str) -> Config:
-    """The validated config from YAML or JSON text (the pipeline's `config` parameter)."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-        raise ConfigError(
-            f"the pipeline parameter `config` is neither JSON nor YAML: {problem}{where}"
-        ) from exc
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError("the pipeline parameter `config` must be a mapping of config sections")
-    with tempfile.TemporaryDirectory(prefix="envace-config-") as tmp:
-        path = Path(tmp) / "config.yaml"
-        path.write_text(yaml.safe_dump(data or {}), encoding="utf-8")
-        return load_config(path)
+def pipeline_config(text: str) -> Config:
+    """The validated config from the pipeline's `config` parameter (YAML or JSON text)."""
+    return config_from_text(text, "the pipeline parameter `config`")
 
 
 def config_json(cfg: Config) -> str:
@@ -94,7 +80,7 @@ def setup(config: str, store_endpoint: str) -> Config:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     os.environ["ENVACE_S3_ENDPOINT"] = store_endpoint
-    return config_from_text(config)
+    return pipeline_config(config)
 
 
 def log_kfp_metrics(artifact: Any, values: Mapping[str, Any]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
@@ -223,6 +224,17 @@ class _CrdValidator:
 _ABSENT = object()
 
 
+@functools.cache
+def _vendored_crd_text(plural: str) -> str:
+    return (CRDS / f"trainer.kubeflow.org_{plural}.yaml").read_text()
+
+
+def vendored_crd(plural: str) -> dict[str, Any]:
+    """The vendored CustomResourceDefinition of `plural` (a fresh copy: callers may edit it)."""
+    crd: dict[str, Any] = yaml.load(_vendored_crd_text(plural), Loader=yaml.CSafeLoader)
+    return crd
+
+
 def _load_crd_validators() -> dict[str, _CrdValidator]:
     validators = {}
     for path in sorted(CRDS.glob("*.yaml")):
@@ -303,6 +315,7 @@ _GROUP_PATH = "/apis/trainer.kubeflow.org/v1alpha1"
 _TRAINJOB = re.compile(rf"^{_GROUP_PATH}/namespaces/(?P<ns>[^/]+)/trainjobs(/(?P<name>[^/?]+))?$")
 _RUNTIME = re.compile(rf"^{_GROUP_PATH}/namespaces/(?P<ns>[^/]+)/trainingruntimes/(?P<name>[^/]+)$")
 _CLUSTER_RUNTIME = re.compile(rf"^{_GROUP_PATH}/clustertrainingruntimes/(?P<name>[^/]+)$")
+_CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 _CONFIGMAPS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/configmaps$")
 
 
@@ -329,8 +342,19 @@ class FakeCluster:
         ("jobset.x-k8s.io", "v1alpha2"),
     )
     runtimes: set[str] = field(default_factory=lambda: {"envace"})
+    # The `node` container's resources in every runtime served (the chart's defaults).
+    runtime_resources: dict[str, Any] = field(
+        default_factory=lambda: {
+            "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 1},
+            "limits": {"cpu": "16", "memory": "96Gi", "nvidia.com/gpu": 1},
+        }
+    )
     cluster_runtimes: set[str] = field(default_factory=set)
     gpus: dict[str, int] = field(default_factory=dict)
+    # The served TrainJob CRD (None: the vendored one, tests/cluster/crds) and the image of
+    # Kubeflow Pipelines' API server Deployment kubeflow/ml-pipeline (None: no KFP).
+    trainjob_crd: dict[str, Any] | None = None
+    kfp_image: str | None = None
     statuses: list[dict[str, Any]] = field(default_factory=list)
     fail: dict[str, int] = field(default_factory=dict)
     trainjobs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -421,6 +445,22 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                 ],
             }
+        if method == "GET" and path == f"{_CRD_PATH}/trainjobs.trainer.kubeflow.org":
+            return 200, cluster.trainjob_crd or vendored_crd("trainjobs")
+        if method == "GET" and path == "/apis/apps/v1/namespaces/kubeflow/deployments/ml-pipeline":
+            if cluster.kfp_image is None:
+                return 404, _status(404, "NotFound", 'deployments.apps "ml-pipeline" not found')
+            return 200, {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "ml-pipeline", "namespace": "kubeflow"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "ml-pipeline"}},
+                    "template": {
+                        "spec": {"containers": [{"name": "api", "image": cluster.kfp_image}]}
+                    },
+                },
+            }
         if method == "GET" and path == "/api/v1/nodes":
             return 200, {
                 "kind": "NodeList",
@@ -452,16 +492,18 @@ class _Handler(BaseHTTPRequestHandler):
             404, "NotFound", f"the fake API server has no route for {method} {path}"
         )
 
-    @staticmethod
-    def _runtime(found: bool, kind: str, name: str) -> tuple[int, Any]:
+    def _runtime(self, found: bool, kind: str, name: str) -> tuple[int, Any]:
         if not found:
             return 404, _status(
                 404, "NotFound", f'{kind.lower()}s.trainer.kubeflow.org "{name}" not found'
             )
+        container = {"name": "node", "resources": self.cluster.runtime_resources}
+        pod = {"template": {"spec": {"template": {"spec": {"containers": [container]}}}}}
         return 200, {
             "apiVersion": "trainer.kubeflow.org/v1alpha1",
             "kind": kind,
             "metadata": {"name": name},
+            "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", **pod}]}}},
         }
 
     def _trainjob(

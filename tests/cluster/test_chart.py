@@ -30,6 +30,13 @@ from cluster_testlib import (
     template_argv,
 )
 
+from envace.cluster.trainjob import (
+    TrainJobSpec,
+    build_trainjob,
+    runtime_node_resources,
+    with_runtime_resources,
+)
+
 VALUE_FILES = ("kind-values.yaml", "gpu-values.yaml", "external-store-values.yaml")
 VALUE_SETS = [(), *((name,) for name in VALUE_FILES)]
 CHECK_OFF = ("prerequisites.check=false",)
@@ -240,6 +247,22 @@ def test_runtime_runs_envace_train_under_torchrun(default_objects: list[dict[str
     config_mount = next(m for m in node["volumeMounts"] if m["mountPath"] == "/etc/envace")
     config_volume = next(v for v in pod["volumes"] if v["name"] == config_mount["name"])
     assert config_volume["configMap"]["name"] == "envace-config"
+
+
+def test_gpu_trainjobs_take_cpu_and_memory_from_the_rendered_runtime(
+    gpu_objects: list[dict[str, Any]], validator: ManifestValidator
+) -> None:
+    """`resourcesPerNode` replaces the runtime's resources: a submit with GPUs alone fills CPU
+    and memory from the chart's runtime, so the pods still request them."""
+    runtime = find(gpu_objects, "ClusterTrainingRuntime", "envace-h100")
+    requests = runtime_node_resources(runtime)["requests"]
+    spec = TrainJobSpec(name="r", namespace="ns", gpus_per_node=8, runtime="envace-h100")
+    spec = with_runtime_resources(spec, runtime)
+    trainjob = build_trainjob(spec)
+    per_node = trainjob["spec"]["trainer"]["resourcesPerNode"]
+    want = {"cpu": str(requests["cpu"]), "memory": str(requests["memory"]), "nvidia.com/gpu": 8}
+    assert per_node == {"requests": want, "limits": want}
+    validator.assert_valid([trainjob])
 
 
 def test_store_contract_reaches_pods_and_kfp(default_objects: list[dict[str, Any]]) -> None:

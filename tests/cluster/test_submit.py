@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_testlib import FakeApiServer, ManifestValidator, condition, write_kubeconfig
+from cluster_testlib import (
+    FakeApiServer,
+    ManifestValidator,
+    condition,
+    vendored_crd,
+    write_kubeconfig,
+)
 
 import envace.cluster.cli as cluster_cli
 from envace.cluster.submit import FollowTimeoutError, TrainJobState, follow
@@ -116,6 +122,9 @@ def test_submit_creates_the_job_and_follows_it_to_completion(
             namespace="team-a",
             nodes=2,
             gpus_per_node=8,
+            # --gpus-per-node alone: CPU and memory come from the runtime's node requests
+            cpu="8",
+            memory="64Gi",
             tolerations=(cluster_cli.parse_toleration("nvidia.com/gpu:NoSchedule"),),
         )
     )
@@ -515,15 +524,64 @@ def test_check_lists_prerequisites(
         "served",
     ]
     assert out[1].split()[:2] == ["ok", "JobSet"]
-    assert "TrainingRuntime 'envace' found" in out[2]
-    assert out[3].startswith("absent") and "Kubeflow Pipelines (Argo)" in out[3]
-    assert out[4].startswith("ok") and "16 GPUs on 2 nodes (gpu-a: 8, gpu-b: 8)" in out[4]
+    assert out[2].split()[:5] == ["ok", "Kubeflow", "Trainer", ">=", "2.2.0"]
+    assert "TrainingRuntime 'envace' found" in out[3]
+    assert out[4].startswith("absent") and "Kubeflow Pipelines (Argo)" in out[4]
+    assert out[5].startswith("ok") and "16 GPUs on 2 nodes (gpu-a: 8, gpu-b: 8)" in out[5]
+    assert len(out) == 6  # no KFP served: its version is not checked
     fake_api.cluster.groups = (("trainer.kubeflow.org", "v1alpha1"),)
     fake_api.cluster.gpus = {}
     assert _run(["cluster", "check", "--kubeconfig", str(fake_api.kubeconfig)]) == 1
     out = capsys.readouterr().out
     assert "MISSING  JobSet" in out
     assert "no node has allocatable nvidia.com/gpu" in out
+
+
+def test_check_refuses_a_trainer_without_the_fields_we_set(
+    fake_api: FakeApiServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Trainer older than v2.2 serves a TrainJob schema without `runtimePatches` (the
+    vendored CRD with that field removed stands in for v2.1's): `check` fails and says how to
+    upgrade. Stand-in API server: no Kubernetes API server runs here."""
+    crd = vendored_crd("trainjobs")
+    del crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "runtimePatches"
+    ]
+    fake_api.cluster.trainjob_crd = crd
+    assert _run(["cluster", "check", "--kubeconfig", str(fake_api.kubeconfig)]) == 1
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "Trainer >=" in x]
+    assert line.startswith("MISSING  Kubeflow Trainer >= 2.2.0")
+    assert "lacks spec.runtimePatches (an older Trainer): upgrade with kubectl apply" in line
+    assert "manager?ref=v2.2.0" in line
+    fake_api.cluster.fail["GET customresourcedefinitions"] = 403
+    assert _run(["cluster", "check", "--kubeconfig", str(fake_api.kubeconfig)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "Trainer >=" in x]
+    assert line.startswith("warning") and "cannot read CRD trainjobs.trainer.kubeflow.org" in line
+
+
+@pytest.mark.parametrize(
+    ("image", "status", "detail"),
+    [
+        ("ghcr.io/kubeflow/kfp-api-server:2.15.0", "ok", "kubeflow/ml-pipeline runs 2.15.0"),
+        ("gcr.io/ml-pipeline/api-server:2.4.0", "warning", "runs 2.4.0: its driver rejects"),
+        ("ghcr.io/kubeflow/kfp-api-server:v2.16.1-rc.1", "ok", "runs 2.16.1"),
+        ("registry.local/kfp-api-server@sha256:abc", "warning", "no version tag"),
+    ],
+)
+def test_check_reads_the_kfp_version(
+    fake_api: FakeApiServer,
+    capsys: pytest.CaptureFixture[str],
+    image: str,
+    status: str,
+    detail: str,
+) -> None:
+    fake_api.cluster.groups += (("argoproj.io", "v1alpha1"),)
+    fake_api.cluster.kfp_image = image
+    fake_api.cluster.gpus = {"gpu-a": 1}
+    assert _run(["cluster", "check", "--kubeconfig", str(fake_api.kubeconfig)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "Pipelines >=" in x]
+    assert line.split()[0] == status
+    assert "Kubeflow Pipelines >= 2.15.0" in line and detail in line
 
 
 def test_dry_run_prints_valid_objects_without_a_cluster(
@@ -542,6 +600,11 @@ def test_dry_run_prints_valid_objects_without_a_cluster(
         "/nonexistent",
         "--dry-run",
     ]
+    # GPUs replace the runtime's resources, and a dry run reads no runtime: CPU and memory too.
+    with pytest.raises(cluster_cli.UserInputError, match="give --cpu and --memory too"):
+        _run(argv)
+    assert capsys.readouterr().out == ""
+    argv += ["--cpu", "4", "--memory", "16Gi"]
     assert _run(argv) == 0
     out, err = capsys.readouterr()
     assert err == (
@@ -549,6 +612,11 @@ def test_dry_run_prints_valid_objects_without_a_cluster(
         " -n NAMESPACE picks another\n"
     )
     trainjob, config_map = yaml.safe_load_all(out)
+    quantities = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 1}
+    assert trainjob["spec"]["trainer"]["resourcesPerNode"] == {
+        "requests": quantities,
+        "limits": quantities,
+    }
     assert trainjob["metadata"] == {
         "name": "dry",
         "namespace": "default",
@@ -563,7 +631,7 @@ def test_dry_run_prints_valid_objects_without_a_cluster(
     [
         (None, "cannot read it"),
         ("a: [unclosed\n", "not valid YAML"),
-        ("- a list\n", "expected a YAML mapping"),
+        ("- a list\n", "the top level must be a mapping of config sections"),
     ],
 )
 def test_bad_config_file_is_a_user_error(tmp_path: Path, content: str | None, message: str) -> None:

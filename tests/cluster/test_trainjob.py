@@ -20,6 +20,8 @@ from envace.cluster.trainjob import (
     default_job_name,
     parse_key_value,
     parse_toleration,
+    runtime_node_resources,
+    with_runtime_resources,
 )
 from envace.errors import UserInputError
 
@@ -78,6 +80,34 @@ def test_gpus_set_resources_and_one_process_per_gpu() -> None:
     assert spec.world_size == 32
     expected = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": 8}
     assert trainer["resourcesPerNode"] == {"requests": expected, "limits": expected}
+
+
+def _runtime(resources: dict[str, Any] | None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "node"}
+    if resources is not None:
+        container["resources"] = resources
+    pod = {"spec": {"template": {"spec": {"containers": [{"name": "init"}, container]}}}}
+    jobs = [{"name": "initializer"}, {"name": "node", "template": pod}]
+    return {"kind": "TrainingRuntime", "spec": {"template": {"spec": {"replicatedJobs": jobs}}}}
+
+
+def test_gpus_alone_take_cpu_and_memory_from_the_runtime() -> None:
+    runtime = _runtime({"requests": {"cpu": 12, "memory": "90Gi"}, "limits": {"cpu": 24}})
+    spec = TrainJobSpec(name="g", namespace="ns", gpus_per_node=4)
+    filled = with_runtime_resources(spec, runtime)
+    assert (filled.cpu, filled.memory, filled.gpus_per_node) == ("12", "90Gi", 4)
+    # what the user gave stays; only the unset one is taken
+    mine = with_runtime_resources(TrainJobSpec(name="g", namespace="ns", cpu="6"), runtime)
+    assert (mine.cpu, mine.memory) == ("6", "90Gi")
+    with pytest.raises(UserInputError) as err:
+        with_runtime_resources(spec, _runtime({"requests": {"cpu": "8"}}))
+    assert str(err.value) == (
+        "--gpus-per-node 4 replaces the resources of TrainingRuntime 'envace', which requests "
+        "no memory for its node container: give --memory (e.g. --cpu 16 --memory 128Gi)"
+    )
+    with pytest.raises(UserInputError, match=r"requests no cpu or memory .* give --cpu and --mem"):
+        with_runtime_resources(spec, _runtime(None))
+    assert runtime_node_resources({"spec": {"template": "junk"}}) == {}
 
 
 def test_explicit_processes_image_run_name_resume_env_scheduling() -> None:

@@ -45,15 +45,15 @@ def test_layout_names_every_artifact_of_a_run() -> None:
 def test_config_travels_as_one_line_of_json(micro_cfg: Config) -> None:
     text = stages.config_json(micro_cfg)
     assert "\n" not in text
-    assert stages.config_from_text(text).to_dict() == micro_cfg.to_dict()
-    assert stages.config_from_text("train:\n  lr: 2.0e-5\n").train.lr == 2e-5
-    assert stages.config_from_text("").to_dict() == load_config(None).to_dict()
+    assert stages.pipeline_config(text).to_dict() == micro_cfg.to_dict()
+    assert stages.pipeline_config("train:\n  lr: 2.0e-5\n").train.lr == 2e-5
+    assert stages.pipeline_config("").to_dict() == load_config(None).to_dict()
     with pytest.raises(ConfigError, match=r"train\.lr"):
-        stages.config_from_text('{"train": {"lr": -1}}')
+        stages.pipeline_config('{"train": {"lr": -1}}')
     with pytest.raises(ConfigError, match="mapping"):
-        stages.config_from_text("[1, 2]")
-    with pytest.raises(ConfigError, match="neither JSON nor YAML"):
-        stages.config_from_text("train: [")
+        stages.pipeline_config("[1, 2]")
+    with pytest.raises(ConfigError, match="`config`: not valid YAML"):
+        stages.pipeline_config("train: [")
 
 
 def test_config_digest_follows_every_value(micro_cfg: Config) -> None:

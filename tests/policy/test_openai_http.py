@@ -255,6 +255,10 @@ def test_backoff_grows_is_capped_and_jittered() -> None:
     [
         ([], {}, "base_url: empty list"),
         ("judge:10001/v1", {}, "not an http(s) URL"),
+        ("http:///v1", {}, "'http:///v1' is not an http(s) URL with a host"),
+        ("http://[::1/v1", {}, "'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)"),
+        ("http://u:pw@[zz]:80/v1", {}, "'http://[zz]:80/v1' is not a valid URL"),
+        ("http://judge:99999/v1", {}, "is not a valid URL (Port out of range 0-65535)"),
         ("http://judge/v1", {"max_concurrency": 0}, "max_concurrency: 0 must be > 0"),
         ("http://judge/v1", {"max_retries": -1}, "max_retries: -1 must be >= 0"),
     ],
