@@ -29,7 +29,7 @@ _COMMAND_MODULES = (
     "envace.train.cli",
     "envace.storage.cli",
     "envace.cluster.cli",
-    "envace.pipeline_cli",
+    "pipelines.cli",
     "envace.config_cli",
 )
 

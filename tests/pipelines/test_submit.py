@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from envace import pipeline_cli
 from envace.cli import main
-from envace.pipeline_cli import packaged_pipeline
+from pipelines import submit as pipeline_submit
+from pipelines.submit import packaged_pipeline
 from tests.helpers.silent_server import silent_server
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipelines" / "envace_pipeline.yaml"
@@ -193,7 +193,7 @@ def test_bad_parameters_are_refused_before_any_request(
 @pytest.mark.parametrize("value", ["", "parallel:2", " sequential:1 "])
 def test_good_rehearsal_values_pass_as_the_step_reads_them(value: str) -> None:
     inputs = {"eval_rehearsal": "STRING"}
-    assert pipeline_cli.parse_params([f"eval_rehearsal={value}"], inputs) == {
+    assert pipeline_submit.parse_params([f"eval_rehearsal={value}"], inputs) == {
         "eval_rehearsal": value
     }
 
@@ -231,7 +231,7 @@ def test_a_host_that_never_answers_fails_in_bounded_time(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(pipeline_cli, "KFP_CHECK_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(pipeline_submit, "KFP_CHECK_TIMEOUT_S", 0.5)
     started = time.monotonic()
     err = _submit_err(capsys, "--host", silent_host + "/")
     assert time.monotonic() - started < 10
@@ -243,7 +243,7 @@ def test_a_run_creation_that_never_ends_is_given_up(
     fake_kfp: FakeKfp, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_kfp.stall = True  # healthz answers, the experiment lookup never does
-    monkeypatch.setattr(pipeline_cli, "KFP_SUBMIT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(pipeline_submit, "KFP_SUBMIT_TIMEOUT_S", 1.0)
     started = time.monotonic()
     err = _submit_err(capsys, "--host", fake_kfp.url)
     assert time.monotonic() - started < 15
