@@ -8,10 +8,10 @@ lengths are capped (the MAX_* constants, docs/task_format.md "Limits"); strings 
 summing to 1, parameter schemas the worlds can check at a bounded cost
 (`envace.envs.schema_check`), expected calls that satisfy them as a world would, a known
 environment whose world accepts the initial state, at least one way to grade the task. Every
-problem becomes
-a `TaskFormatError` naming the file, the line, the task id and the field path, e.g.
-`tasks.jsonl:17 (id=bank-3): turns[1].checklist[0].weight: weights of turn 1 sum to 0.8,
-expected 1`.
+problem becomes a `TaskFormatError` naming the file, the line, the task id and the field path,
+e.g. `tasks.jsonl:17 (id=bank-3): turns[1].checklist[0].weight: weights of turn 1 sum to 0.8,
+expected 1`. The error type and its rendering live in `envace.tasks.problems`, reading files
+and the strict JSON parser in `envace.tasks.reading`; this module holds the checks.
 
 jsonschema is imported on first validation, not at import time, so `envace --help` and
 `import envace.tasks` stay fast.
@@ -19,28 +19,41 @@ jsonschema is imported on first validation, not at import time, so `envace --hel
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import math
 import os
-import re
-import stat
-import sys
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from envace.errors import UserInputError
 from envace.tasks.io import task_from_dict
 from envace.tasks.model import Task
+from envace.tasks.problems import (
+    TaskFormatError,
+    TaskProblem,
+    format_path,
+    json_type_name,
+    one_line,
+    problem_from_schema_error,
+    short_value,
+    show_text,
+)
+from envace.tasks.reading import (
+    LONG_LINE,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    decode_line,
+    open_input_file,
+    parse_json_strict,
+    read_lines,
+)
 
 if TYPE_CHECKING:
-    from jsonschema.exceptions import ValidationError
     from jsonschema.protocols import Validator
 
 __all__ = [
@@ -71,14 +84,11 @@ logger = logging.getLogger(__name__)
 WEIGHT_TOLERANCE = 1e-6
 # What a task file may hold (docs/task_format.md, "Limits"): every one bounds the memory and the
 # time one file, one line or one task can cost, whoever wrote it.
-MAX_FILE_BYTES = 256 * 1024 * 1024
-MAX_LINE_BYTES = 4 * 1024 * 1024  # one task, as one line of UTF-8
 MAX_DEPTH = 64  # objects and arrays nested in one task (the task object is level 1)
 MAX_STRING_CHARS = 100_000  # one string or object key
 MAX_TOOLS = 128  # tools of one task (OpenAI's limit too)
 MAX_TURNS = 64  # turns of one task
 MAX_TURN_ITEMS = 64  # checklist items, expected calls and answer facts, each, of one turn
-SHOWN_TEXT_LIMIT = 80
 REFERENCE_ROLES = ("assistant", "system", "tool", "user")
 # The keys of a checklist item, in the order the task format lists them.
 CHECKLIST_KEYS = (
@@ -93,67 +103,6 @@ CHECKLIST_KEYS = (
 _EXPECTED_CALL_KEYS = frozenset({"name", "arguments"})
 _ENVIRONMENT_KEYS = frozenset({"name", "initial_state"})
 _SUCCESS_KEYS = frozenset({"final_state", "match", "free"})
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-_JSON_TYPES = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
-
-
-class TaskFormatError(UserInputError):
-    """A task (or a whole task file) that cannot be used, located as precisely as the data allows.
-
-    `line` is None when the file itself cannot be read (or for imported records, which carry
-    `record`, their 0-based position); `task_id` is None when the id is missing or unreadable;
-    `field` is the path inside the task (`turns[1].checklist[0].weight`), empty for the whole line.
-    """
-
-    def __init__(
-        self,
-        file: str,
-        line: int | None,
-        task_id: str | None,
-        field: str,
-        message: str,
-        record: int | None = None,
-    ) -> None:
-        self.file = file
-        self.line = line
-        self.task_id = task_id
-        self.field = field
-        self.message = message
-        self.record = record
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        where = self.file if self.line is None else f"{self.file}:{self.line}"
-        if self.record is not None:
-            where += f" record {self.record}"
-        if self.task_id is not None:
-            where += f" (id={show_text(self.task_id)})"
-        field_part = f"{self.field}: " if self.field else ""
-        return f"{where}: {field_part}{self.message}"
-
-    def __str__(self) -> str:
-        return self._render()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keeps the error intact across processes (the default would drop the keyword fields).
-        args = (self.file, self.line, self.task_id, self.field, self.message, self.record)
-        return (type(self), args)
-
-
-@dataclass(frozen=True)
-class TaskProblem:
-    """The first thing wrong with a task object: where (field path) and what (message)."""
-
-    field: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -166,138 +115,6 @@ class LoadResult:
     tasks: list[Task]
     skipped: list[TaskFormatError] = field(default_factory=list)
     not_checked: int = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Paths and messages
-
-
-def format_path(parts: Iterable[str | int], base: str = "") -> str:
-    """Render a JSON path as `turns[1].checklist[0].weight` (keys that need it are quoted)."""
-    out = base
-    for part in parts:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif _PLAIN_KEY.match(part):
-            out += f".{part}" if out else part
-        else:
-            out += f"[{_short(part, SHOWN_TEXT_LIMIT)}]"
-    return out
-
-
-def json_type_name(value: Any) -> str:
-    """The JSON name of a Python value's type (`object`, `array`, `integer`, ...)."""
-    return _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-def show_text(text: str, *, quote: bool = False, limit: int = SHOWN_TEXT_LIMIT) -> str:
-    """A user string (a task id, a tool name) as an error message may show it.
-
-    Escaped like `ascii()`, so a newline or a terminal control code in it cannot fake extra
-    lines or colours, and cut to `limit` characters with an ellipsis, so a huge value cannot
-    flood the terminal. `quote` keeps the quotes of `ascii()`, as `!r` would.
-    """
-    literal = ascii(text)
-    mark, body = literal[0], literal[1:-1]
-    if len(body) > limit:
-        body = body[:limit] + "…"
-    return f"{mark}{body}{mark}" if quote else body
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """A value as JSON, cut short so one error stays one readable line."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    """A message that quotes user data as one line: whitespace collapsed, cut to `limit`, and
-    other control characters (terminal escape codes) escaped."""
-    text = " ".join(text.split())
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON schema errors -> (extra path parts, message); one describer per schema keyword, each
-# called with the failing instance, the keyword's value and the schema that holds the keyword.
-
-_Described = tuple[list[str | int], str]
-
-
-def _describe_required(instance: Any, value: Any, schema: Any) -> _Described:
-    present = instance if isinstance(instance, dict) else {}
-    missing = [key for key in value if key not in present]
-    return [missing[0]] if missing else [], "required key is missing"
-
-
-def _describe_additional(instance: Any, value: Any, schema: Any) -> _Described:
-    allowed = sorted(schema.get("properties", {}))
-    extra = sorted(key for key in instance if key not in allowed)
-    return [extra[0]] if extra else [], f"unknown key (allowed: {', '.join(allowed)})"
-
-
-def _describe_type(instance: Any, value: Any, schema: Any) -> _Described:
-    wanted = value if isinstance(value, str) else " or ".join(value)
-    return [], f"expected {wanted}, got {json_type_name(instance)}"
-
-
-def _describe_enum(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"{_short(instance)} is not one of {', '.join(_short(v) for v in value)}"
-
-
-def _describe_const(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"must be {_short(value)}, got {_short(instance)}"
-
-
-def _describe_min_length(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], "must not be empty" if value == 1 else f"must be at least {value} characters long"
-
-
-def _describe_max_length(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"is {len(instance)} characters long, at most {value} allowed"
-
-
-def _describe_min_items(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"must have at least {value} item{'' if value == 1 else 's'}"
-
-
-def _describe_pattern(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"{_short(instance)} does not match the pattern {value}"
-
-
-def _describe_minimum(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"{_short(instance)} is below the minimum {value}"
-
-
-def _describe_maximum(instance: Any, value: Any, schema: Any) -> _Described:
-    return [], f"{_short(instance)} is above the maximum {value}"
-
-
-_DESCRIBERS: dict[str, Callable[[Any, Any, Any], _Described]] = {
-    "required": _describe_required,
-    "additionalProperties": _describe_additional,
-    "type": _describe_type,
-    "enum": _describe_enum,
-    "const": _describe_const,
-    "minLength": _describe_min_length,
-    "maxLength": _describe_max_length,
-    "minItems": _describe_min_items,
-    "pattern": _describe_pattern,
-    "minimum": _describe_minimum,
-    "maximum": _describe_maximum,
-}
-
-
-def _problem_from_schema_error(error: ValidationError, base: str = "") -> TaskProblem:
-    describer = _DESCRIBERS.get(str(error.validator))
-    described: _Described = (
-        ([], _one_line(error.message))
-        if describer is None
-        else describer(error.instance, error.validator_value, error.schema)
-    )
-    extra, message = described
-    return TaskProblem(format_path([*error.absolute_path, *extra], base), message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +136,7 @@ def _schema_problem(data: Any) -> TaskProblem | None:
     from jsonschema.exceptions import best_match
 
     error = best_match(_task_validator().iter_errors(data))
-    return None if error is None else _problem_from_schema_error(error)
+    return None if error is None else problem_from_schema_error(error)
 
 
 def _parameters_reason(parameters: Any, tool: str) -> str | None:
@@ -332,7 +149,7 @@ def _parameters_reason(parameters: Any, tool: str) -> str | None:
     head = "not a valid JSON schema" if problem.invalid else "cannot be used as parameters"
     where = format_path(problem.path)
     at = f" at {where}" if where else ""
-    return f"{head}{at}: {_one_line(problem.message)} (tool {show_text(tool, quote=True)})"
+    return f"{head}{at}: {one_line(problem.message)} (tool {show_text(tool, quote=True)})"
 
 
 def _arguments_problem(
@@ -347,7 +164,7 @@ def _arguments_problem(
     error = best_match(checked_validator(parameters).iter_errors(arguments))
     if error is None:
         return None
-    problem = _problem_from_schema_error(error, base)
+    problem = problem_from_schema_error(error, base)
     shown = show_text(tool, quote=True)
     return TaskProblem(problem.field, f"{problem.message} (parameters of tool {shown})")
 
@@ -541,7 +358,7 @@ def _reference_problems(messages: list[dict[str, Any]]) -> Iterator[TaskProblem]
         if role not in REFERENCE_ROLES:
             yield TaskProblem(
                 f"reference[{i}].role",
-                f"{_short(role)} is not a valid role (one of {', '.join(REFERENCE_ROLES)})",
+                f"{short_value(role)} is not a valid role (one of {', '.join(REFERENCE_ROLES)})",
             )
         calls = message.get("tool_calls")
         if calls is not None:
@@ -627,7 +444,7 @@ def _initial_state_problem(env: Mapping[str, Any]) -> TaskProblem | None:
     try:
         make_environment(env["name"]).reset(env.get("initial_state", {}))
     except UserInputError as exc:
-        return TaskProblem("environment.initial_state", _one_line(str(exc)))
+        return TaskProblem("environment.initial_state", one_line(str(exc)))
     return None
 
 
@@ -651,183 +468,6 @@ def check_task(
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading files
-
-
-class _JsonValueError(ValueError):
-    """Valid JSON syntax whose meaning is ambiguous or non-portable (duplicate key, NaN)."""
-
-
-def _reject_constant(name: str) -> Any:
-    raise _JsonValueError(f"{name} is not allowed; use a finite number")
-
-
-def _parse_int(text: str) -> int:
-    # Python refuses to convert integers this long (CVE-2020-10735) with a hint at
-    # sys.set_int_max_str_digits(), which is no help to someone fixing a task file.
-    digits = len(text.lstrip("-"))
-    most = sys.get_int_max_str_digits()
-    if most and digits > most:
-        raise _JsonValueError(
-            f"a number with {digits} digits is too long (over {most} digits);"
-            " it is not a valid task value"
-        )
-    return int(text)
-
-
-def _parse_float(text: str) -> float:
-    # float() turns 1e999 into inf: the NaN/Infinity rule would be bypassed.
-    value = float(text)
-    shown = text if len(text) <= 40 else text[:39] + "…"
-    if not math.isfinite(value):
-        raise _JsonValueError(f"the number {shown} is too large; use a finite number")
-    # ... and 1e-400 into 0.0: a value the file does not say. (Only a mantissa of zeros is 0.)
-    if value == 0 and re.search(r"[1-9]", re.split(r"[eE]", text, maxsplit=1)[0]):
-        raise _JsonValueError(
-            f"the number {shown} is too small to represent (it would become 0); write 0 or a "
-            "number of at least 1e-308"
-        )
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _JsonValueError(f"duplicate key {_short(key)} in an object")
-        out[key] = value
-    return out
-
-
-def parse_json_strict(text: str) -> Any:
-    """`json.loads` that refuses NaN/Infinity (also as an overflowing number like 1e999),
-    integers too long to convert, and duplicate keys (Python accepts duplicates silently).
-
-    Raises ValueError with a one-line reason on any problem.
-    """
-    try:
-        return json.loads(
-            text,
-            parse_constant=_reject_constant,
-            parse_int=_parse_int,
-            parse_float=_parse_float,
-            object_pairs_hook=_unique_keys,
-        )
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{exc.msg} at column {exc.colno}") from exc
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
-
-
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a pipe or FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _cannot_read(file: str, what: str, reason: str) -> TaskFormatError:
-    return TaskFormatError(file, None, None, "", f"cannot read the {what}: {reason}")
-
-
-def _check_regular(info: os.stat_result, file: str, what: str) -> None:
-    if stat.S_ISDIR(info.st_mode):
-        raise _cannot_read(file, what, f"{os.strerror(errno.EISDIR)}; check the path")
-    if not stat.S_ISREG(info.st_mode):
-        kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a file")
-        raise _cannot_read(
-            file,
-            what,
-            f"it is {kind}, not a regular file; give the path of a file on disk (a pipe or a "
-            "process substitution can be read only once, a device may never end)",
-        )
-    if info.st_size > MAX_FILE_BYTES:
-        raise _cannot_read(
-            file,
-            what,
-            f"it is {info.st_size} bytes, over the limit of {MAX_FILE_BYTES} "
-            f"({MAX_FILE_BYTES // 2**20} MiB); split it into smaller files",
-        )
-
-
-@contextmanager
-def open_input_file(
-    path: str | os.PathLike[str], file: str, what: str = "task file"
-) -> Iterator[BinaryIO]:
-    """`path` opened once for reading, as bytes, when it is a regular file of at most
-    MAX_FILE_BYTES; else TaskFormatError naming `file` (`what` it is meant to be) and why.
-
-    Opened without blocking, so a FIFO with no writer is refused instead of hanging the open.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise _cannot_read(file, what, f"{exc.strerror or exc}; check the path") from None
-    try:
-        _check_regular(os.fstat(fd), file, what)
-        os.set_blocking(fd, True)
-        handle = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    with handle:
-        try:
-            yield handle
-        except OSError as exc:
-            raise _cannot_read(file, what, exc.strerror or str(exc)) from None
-
-
-def _skip_rest_of_line(handle: BinaryIO) -> int:
-    skipped = 0
-    while chunk := handle.readline(1 << 16):
-        skipped += len(chunk)
-        if chunk.endswith(b"\n"):
-            break
-    return skipped
-
-
-def _read_lines(handle: BinaryIO, file: str) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, raw bytes) of every non-blank line, split on \\n only (a U+2028 inside a
-    string is text); None for a line over MAX_LINE_BYTES, skipped to its end without keeping it.
-    Bytes, so that one bad line can be reported."""
-    lineno = total = 0
-    while raw := handle.readline(MAX_LINE_BYTES + 1):
-        lineno += 1
-        total += len(raw)
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            total += _skip_rest_of_line(handle)
-            yield lineno, None
-        elif raw.strip():
-            yield lineno, raw
-        if total > MAX_FILE_BYTES:  # it grew while being read
-            raise TaskFormatError(
-                file, lineno, None, "", f"the file grew past {MAX_FILE_BYTES} bytes"
-            )
-
-
-_LONG_LINE = (
-    f"the line is longer than {MAX_LINE_BYTES} bytes ({MAX_LINE_BYTES // 2**20} MiB), the most "
-    "one task may take; shorten its values"
-)
-
-
-def _decode_line(raw: bytes, lineno: int) -> Any:
-    """The JSON value of one line; raises ValueError with a one-line reason."""
-    try:
-        # A byte order mark is legal at the very start of a UTF-8 file and nowhere else.
-        text = raw.rstrip(b"\r\n").decode("utf-8-sig" if lineno == 1 else "utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"not valid UTF-8 at byte {exc.start + 1} of the line; save the file as UTF-8"
-        ) from exc
-    try:
-        return parse_json_strict(text)
-    except ValueError as exc:
-        raise ValueError(f"not valid JSON: {exc}") from exc
-
-
 def _readable_id(data: Any) -> str | None:
     task_id = data.get("id") if isinstance(data, dict) else None
     return task_id if isinstance(task_id, str) and task_id else None
@@ -842,9 +482,9 @@ class _FileState:
     def object_from_line(self, lineno: int, raw: bytes | None, expected: str) -> dict[str, Any]:
         """The JSON object on a line; TaskFormatError naming the line when there is none."""
         if raw is None:
-            raise TaskFormatError(self.file, lineno, None, "", _LONG_LINE)
+            raise TaskFormatError(self.file, lineno, None, "", LONG_LINE)
         try:
-            data = _decode_line(raw, lineno)
+            data = decode_line(raw, lineno)
         except ValueError as exc:
             raise TaskFormatError(self.file, lineno, None, "", str(exc)) from None
         if not isinstance(data, dict):
@@ -898,7 +538,7 @@ def _scan(
     skipped: list[TaskFormatError] = []
     not_checked = 0
     with open_input_file(path, state.file) as handle:
-        for lineno, raw in _read_lines(handle, state.file):
+        for lineno, raw in read_lines(handle, state.file):
             if skipped and not skip_invalid:
                 if not count_rest:
                     break
@@ -983,7 +623,7 @@ def _gold_message_problems(messages: list[Any]) -> Iterator[TaskProblem]:
         if role not in REFERENCE_ROLES:
             roles = ", ".join(REFERENCE_ROLES)
             yield TaskProblem(
-                f"{base}.role", f"{_short(role)} is not a valid role (one of {roles})"
+                f"{base}.role", f"{short_value(role)} is not a valid role (one of {roles})"
             )
             return
         content = _gold_content_problem(message, base)
@@ -1024,7 +664,7 @@ def load_gold(path: Path) -> dict[str, list[dict[str, Any]]]:
     state = _FileState(str(path), _Known(None))
     gold: dict[str, list[dict[str, Any]]] = {}
     with open_input_file(path, state.file, "gold file") as handle:
-        for lineno, raw in _read_lines(handle, state.file):
+        for lineno, raw in read_lines(handle, state.file):
             task_id, messages = _gold_record(state, lineno, raw)
             gold[task_id] = messages
     return gold
