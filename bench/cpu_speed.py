@@ -139,8 +139,8 @@ def prepare(args: argparse.Namespace, model_dir: Path, tmp: Path) -> Inputs:
 
     from envace.policy.chat import ChatRenderer
     from envace.policy.hf_backend import resolve_dtype
+    from envace.run import load_splits, warm_start_rows
     from envace.tasks.generate import write_splits
-    from envace.train.run import load_splits, warm_start_rows
 
     cfg = load_config(args.config, args.set)
     write_splits(tmp / "tasks", args.tasks, 0, cfg.tasks.seed)
@@ -395,7 +395,7 @@ def _until_eos(ids: list[int], eos_id: int) -> int:
 
 def bench_rollout_envace(inp: Inputs, model: Any, tokenizer: Any, new: int) -> dict[str, Any]:
     """EnvACE's transformers backend with the config's rollout settings (`model_policy`)."""
-    from envace.train.run import model_policy
+    from envace.run import model_policy
 
     backend: Any = model_policy(model, tokenizer, inp.cfg).backend
     params = _sampling(new)

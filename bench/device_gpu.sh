@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/torch-ext
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv \
     | tee "$out/nvidia-smi.csv"
-python3 -c "import deepspeed, jsonschema, torch, transformers, envace.train.run as r; \
+python3 -c "import deepspeed, jsonschema, torch, transformers, envace.run as r; \
 print('imports ok: deepspeed', deepspeed.__version__, 'torch', torch.__version__, \
 'transformers', transformers.__version__)" || exit 4
 set -o pipefail

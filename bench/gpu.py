@@ -605,7 +605,7 @@ def _rl_setup(plan: Plan, tmp: Path, overrides: Sequence[str]) -> tuple[Any, Any
     `overrides`: synthetic tasks generated into `tmp` and the tiny model with a tokenizer
     trained on them."""
     from envace.config import load_config
-    from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks
+    from envace.run import RunPaths, init_model, load_splits, prepare_tasks
 
     cfg = load_config(
         None, [*plan.rl_overrides, "train.engine=deepspeed", "tensorboard=false", *overrides]
@@ -676,8 +676,8 @@ def bench_rollout_loop(
     model), else the tiny model."""
     from envace.config import load_config
     from envace.rollout.grading import TaskGrader
+    from envace.run import model_policy
     from envace.train.rl import RLTrainer
-    from envace.train.run import model_policy
 
     base = load_config(None, plan.rl_overrides)
     tasks = -(-trajectories // base.rollout.n)
@@ -730,9 +730,9 @@ def bench_rl(
     with the decoder `settings` (`decode_settings`)."""
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
+    from envace.run import _save_rl_checkpoint, model_policy
     from envace.train.learners import Learner, make_engine
     from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import _save_rl_checkpoint, model_policy
 
     cfg, paths, splits, model, tok = _rl_setup(plan, tmp / "rl", settings)
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)

@@ -92,9 +92,9 @@ class Study:
         if self._warm is not None:
             return self._warm
         from envace.policy.hf_backend import load_model_and_tokenizer
+        from envace.run import RunPaths, init_model, load_splits, prepare_tasks, warm_start
         from envace.storage.artifacts import verify
         from envace.storage.errors import ArtifactIntegrityError, ArtifactNotFoundError
-        from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks, warm_start
 
         paths = RunPaths(self.out, str(self.out))
         ckpt = paths.checkpoints / "warm_start"
@@ -128,7 +128,7 @@ class Study:
         m = copy.deepcopy(model)
         if mode == "warm_start":
             return m, 0.0
-        from envace.train.run import RunPaths, rl_stage
+        from envace.run import RunPaths, rl_stage
         from envace.train.tracking import MetricsLogger
 
         cfg = mode_config(self.cfg, mode)
@@ -144,7 +144,7 @@ class Study:
     def evaluate(self, model: Any, rehearsal: str | None = None) -> tuple[Any, float]:
         from envace.evaluate.benchmarks import rehearse_synthetic
         from envace.evaluate.rehearsal import parse_rehearsal
-        from envace.train.run import evaluate_model, model_policy, rollout_config
+        from envace.run import evaluate_model, model_policy, rollout_config
 
         _, tok, splits = self.warm()
         cfg = self.cfg

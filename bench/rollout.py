@@ -36,7 +36,7 @@ from envace.report import text_table  # noqa: E402
 from envace.rollout.engine import RolloutEngine  # noqa: E402
 from envace.rollout.grading import TaskGrader  # noqa: E402
 from envace.rollout.types import Trajectory  # noqa: E402
-from envace.train.run import (  # noqa: E402
+from envace.run import (  # noqa: E402
     RunPaths,
     init_model,
     load_splits,

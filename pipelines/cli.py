@@ -235,7 +235,7 @@ def _train_step(args: argparse.Namespace) -> int:
         args.out,
         total_iterations=args.total_iterations,
     )
-    from envace.train.run import leave_job
+    from envace.run import leave_job
 
     leave_job(cfg)
     print(f"committed {trained.uri}")

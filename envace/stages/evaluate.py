@@ -23,14 +23,14 @@ from envace.evaluate.rehearsal import (
 from envace.evaluate.report import trajectory_record
 from envace.evaluate.runner import EvalResult
 from envace.report import fmt, markdown_table
-from envace.stages.checkpoint import CheckpointMeta, _Checkpoint, _load_checkpoint
-from envace.stages.store import StageError, _commit, _local_copy, _scratch, _write_json
-from envace.train.run import (
+from envace.run import (
     evaluate_model,
     load_splits,
     model_policy,
     rollout_config,
 )
+from envace.stages.checkpoint import CheckpointMeta, _Checkpoint, _load_checkpoint
+from envace.stages.store import StageError, _commit, _local_copy, _scratch, _write_json
 
 log = logging.getLogger(__name__)
 

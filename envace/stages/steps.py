@@ -20,6 +20,19 @@ from envace.evaluate.runner import make_task_environment
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
+from envace.run import (
+    RunPaths,
+    close_policy,
+    collective_timeout,
+    init_model,
+    load_splits,
+    model_policy,
+    prepare_tasks,
+    require_data_parallel,
+    rollout_policy,
+    simulator_policy,
+)
+from envace.run import warm_start as run_warm_start
 from envace.stages.checkpoint import (
     CheckpointMeta,
     _Checkpoint,
@@ -63,19 +76,6 @@ from envace.train.learners import (
     trainer_state,
 )
 from envace.train.rl import RLTrainer
-from envace.train.run import (
-    RunPaths,
-    close_policy,
-    collective_timeout,
-    init_model,
-    load_splits,
-    model_policy,
-    prepare_tasks,
-    require_data_parallel,
-    rollout_policy,
-    simulator_policy,
-)
-from envace.train.run import warm_start as run_warm_start
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,9 @@ from typing import Any
 
 from envace.config import Config
 from envace.errors import UserInputError
+from envace.run import (
+    require_data_parallel,
+)
 from envace.stages.store import (
     TRAIN_METRICS,
     StageError,
@@ -19,9 +22,6 @@ from envace.stages.store import (
     _local_copy,
     _scratch,
     config_text,
-)
-from envace.train.run import (
-    require_data_parallel,
 )
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from envace.errors import UserInputError
 from envace.tasks.model import ChecklistItem, EnvironmentSpec, ExpectedCall, FocusOn, Task, Turn
+from envace.tasks.problems import show_text
 
 __all__ = ["atomic_write_text", "task_from_dict", "task_to_dict", "write_tasks_jsonl"]
 
@@ -129,8 +130,6 @@ def _task_line(task: Task) -> str:
         # allow_nan=False: NaN/Infinity are not JSON, and the loader would refuse the file.
         return json.dumps(task_to_dict(task), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        from envace.tasks.loader import show_text  # loader imports this module
-
         raise UserInputError(
             f"task {show_text(task.id, quote=True)} cannot be written as JSON: {exc}; "
             "task values must be JSON (no NaN/Infinity, no Python-only types)"
@@ -149,8 +148,6 @@ def write_tasks_jsonl(path: str | os.PathLike[str], tasks: Iterable[Task]) -> in
     first_index: dict[str, int] = {}
     for index, task in enumerate(tasks):
         if task.id in first_index:
-            from envace.tasks.loader import show_text  # loader imports this module
-
             raise UserInputError(
                 f"cannot write {target}: duplicate task id {show_text(task.id, quote=True)} "
                 f"(tasks {first_index[task.id]} and {index}); ids must be unique in a file"

@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from envace.config import load_config
-    from envace.train.run import leave_job, run_main
+    from envace.run import leave_job, run_main
 
     cfg = load_config(args.config, args.overrides)
     run_main(cfg, args.out, store=args.store, resume=args.resume, overwrite=args.overwrite)
@@ -80,8 +80,8 @@ def _run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from envace.cluster.trainjob import check_run_name
     from envace.config import load_config
+    from envace.run import leave_job, run_main
     from envace.storage.uri import join_uri
-    from envace.train.run import leave_job, run_main
 
     check_run_name(args.run_name, "--run-name")  # one plain store key: it names a folder too
     cfg = load_config(args.config, args.overrides)

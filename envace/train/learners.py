@@ -1,6 +1,6 @@
 """The models an RL run trains, their optimizers, and the trainer state that resumes them.
 
-One implementation for both orchestrations: `envace run` (envace.train.run) and the pipeline's
+One implementation for both orchestrations: `envace run` (envace.run) and the pipeline's
 train step (envace.stages) build their engines, learners and trainer states here, so a setting
 such as `model.gradient_checkpointing` means the same on both paths.
 """

@@ -23,8 +23,8 @@ def _micro_checkpoint(out: Path, tasks_dir: Path) -> Path:
         corpus_min_frequency,
         save_checkpoint,
     )
+    from envace.run import load_splits, tokenizer_corpus
     from envace.tasks.generate import write_splits
-    from envace.train.run import load_splits, tokenizer_corpus
 
     cfg = load_config(ROOT / "configs" / "local.yaml")
     write_splits(tasks_dir, TASKS, 0, cfg.tasks.seed)

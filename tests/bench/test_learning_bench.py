@@ -76,7 +76,7 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     assert (tmp_path / "img" / "learning-study.png").read_bytes()[:4] == b"\x89PNG"
 
     # A rerun with one more mode runs only that cell: the warm start is loaded, not redone.
-    import envace.train.run as run
+    import envace.run as run
 
     def no_warm_start(*args: object, **kwargs: object) -> None:
         raise AssertionError("the kept warm-start checkpoint should be reused")

@@ -25,7 +25,7 @@ import torch
 from envace import stages
 from envace.config import load_config
 from envace.policy.hf_backend import load_model_and_tokenizer
-from envace.train.run import run_main
+from envace.run import run_main
 
 ITERATIONS = 2
 # Timings and throughputs differ between any two runs; everything else must be equal.

@@ -24,10 +24,10 @@ from envace.policy.hf_backend import load_model_and_tokenizer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.io import write_rows
 from envace.rollout.types import Role, Row
+from envace.run import model_policy
 from envace.storage.artifacts import commit_dir, verify
 from envace.train.engine import TorchEngine
 from envace.train.rl import RLTrainer, RoleLearner
-from envace.train.run import model_policy
 
 
 def test_layout_names_every_artifact_of_a_run() -> None:

@@ -270,15 +270,15 @@ def _micro_trainer(tmp_path: Any, *overrides: str, tasks: int | None = None) -> 
     from envace.config import load_config
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
-    from envace.train.learners import make_engine
-    from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import (
+    from envace.run import (
         RunPaths,
         init_model,
         load_splits,
         model_policy,
         prepare_tasks,
     )
+    from envace.train.learners import make_engine
+    from envace.train.rl import RLTrainer, RoleLearner
     from tests.helpers.micro import MICRO
 
     cfg = load_config(None, [*MICRO, "rollout.batch_tasks=1", "rollout.n=2", *overrides])

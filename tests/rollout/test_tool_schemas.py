@@ -9,8 +9,8 @@ import pytest
 
 from envace.config import load_config
 from envace.policy.chat import ChatRenderer
+from envace.run import load_splits, rollout_config, warm_start_rows
 from envace.tasks.generate import write_splits
-from envace.train.run import load_splits, rollout_config, warm_start_rows
 
 
 @pytest.mark.parametrize("schemas", ["full", "compact"])

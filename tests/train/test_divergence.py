@@ -12,8 +12,8 @@ import torch
 from envace.config import load_config
 from envace.errors import TrainingDiverged
 from envace.policy.tiny import build_tiny_model, save_checkpoint
+from envace.run import run_main
 from envace.train.engine import TorchEngine, require_finite_weights
-from envace.train.run import run_main
 from tests.helpers.micro import MICRO
 
 

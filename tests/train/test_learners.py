@@ -45,8 +45,8 @@ def test_gradient_checkpointing_applies_to_the_torch_engine(new_model: Any) -> N
 def test_both_orchestrations_build_their_learners_here() -> None:
     """`envace run` and the pipeline's train step share one engine factory, learner set and
     trainer state (by construction: neither module defines its own)."""
+    import envace.run as run
     import envace.stages.steps as stages
-    import envace.train.run as run
 
     for module in (run, stages):
         assert module.build_learners is learners_mod.build_learners
@@ -89,7 +89,7 @@ def test_trainer_state_round_trips_and_a_foreign_engine_is_refused(
 def test_resume_keeps_model_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh and a resumed run both train in `model.dtype` (the resume used to load the
     policy in float32 first; the tiny presets ignored the setting)."""
-    from envace.train import run
+    from envace import run
 
     seen: list[torch.dtype] = []
     real = run.rl_stage
@@ -118,7 +118,7 @@ def test_learner_is_a_named_triple(new_model: Any) -> None:
 
 
 def test_a_warm_start_of_zero_epochs_trains_nothing(tmp_path: Path) -> None:
-    from envace.train.run import run_main
+    from envace.run import run_main
 
     cfg = load_config(None, [*MICRO, "warm_start.epochs=0", "train.iterations=0"])
     summary = run_main(cfg, tmp_path / "run")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from envace.config import load_config
-from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks, rl_stage
+from envace.run import RunPaths, init_model, load_splits, prepare_tasks, rl_stage
 from envace.train.tracking import MetricsLogger
 from tests.helpers.micro import MICRO
 

@@ -72,10 +72,10 @@ def worker(data: Path, out: Path, stages: list[int]) -> None:
 
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
+    from envace.run import load_splits, model_policy
     from envace.train.deepspeed_engine import DeepSpeedEngine, DeepSpeedOptions, load_pretrained
     from envace.train.distributed import dist_info, gather_objects, shutdown
     from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import load_splits, model_policy
 
     splits = load_splits(data / "tasks")
     tok = AutoTokenizer.from_pretrained(str(data / "init"))
@@ -109,7 +109,7 @@ def worker(data: Path, out: Path, stages: list[int]) -> None:
 
 # --- test side --------------------------------------------------------------------------------
 def _prepare(tmp: Path) -> Path:
-    from envace.train.run import RunPaths, init_model, load_splits, prepare_tasks
+    from envace.run import RunPaths, init_model, load_splits, prepare_tasks
 
     cfg = _cfg("torch")
     paths = RunPaths(tmp, str(tmp))
@@ -123,9 +123,9 @@ def _one_process_update(data: Path, rows: list[Any]) -> tuple[dict[str, float], 
     from envace.policy.chat import ChatRenderer
     from envace.policy.hf_backend import load_model_and_tokenizer
     from envace.rollout.grading import TaskGrader
+    from envace.run import model_policy
     from envace.train.learners import make_engine
     from envace.train.rl import RLTrainer, RoleLearner
-    from envace.train.run import model_policy
 
     cfg = _cfg("torch")
     model, tok = load_model_and_tokenizer(data / "init")

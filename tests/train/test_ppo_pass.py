@@ -12,9 +12,9 @@ import torch
 from envace.config import load_config
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
+from envace.run import RunPaths, init_model, load_splits, model_policy, prepare_tasks
 from envace.train.learners import make_engine
 from envace.train.rl import RLTrainer, RoleLearner
-from envace.train.run import RunPaths, init_model, load_splits, model_policy, prepare_tasks
 from tests.helpers.micro import MICRO
 
 

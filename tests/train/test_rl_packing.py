@@ -18,11 +18,11 @@ from envace.config import load_config
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.types import Role, Row
+from envace.run import RunPaths, init_model, load_splits, model_policy, prepare_tasks
 from envace.train import rl
 from envace.train.batch import MicroBatch
 from envace.train.engine import TorchEngine
 from envace.train.rl import RLTrainer, RoleLearner
-from envace.train.run import RunPaths, init_model, load_splits, model_policy, prepare_tasks
 from tests.helpers.micro import MICRO
 
 SETS = [

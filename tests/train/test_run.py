@@ -9,8 +9,8 @@ import pytest
 
 from envace.cli import main
 from envace.config import load_config
+from envace.run import run_main
 from envace.train.preflight import LOCK_NAME
-from envace.train.run import run_main
 from tests.helpers.micro import MICRO
 
 

@@ -68,7 +68,7 @@ from envace.train.learners import (
 )
 from envace.train.rl import RLTrainer, generation_ready
 from envace.train.sft import build_sft_rows, run_sft, sft_steps
-from envace.train.tracking import MetricsLogger, NullLogger, plot_progress
+from envace.train.tracking import MetricsLogger, NullLogger, TrackedRun, plot_progress
 
 __all__ = ["RunPaths", "TaskSplits", "load_splits", "prepare_tasks", "run_main"]
 
@@ -379,7 +379,16 @@ def _save_rl_checkpoint(
     for name in ("metrics.jsonl", "stages.json", "config.json"):  # a resume elsewhere keeps them
         if (paths.out / name).exists():
             shutil.copyfile(paths.out / name, ckpt / name)
+    _copy_tensorboard(paths.out, ckpt)
     return paths.commit(ckpt)
+
+
+def _copy_tensorboard(src: Path, dest: Path) -> None:
+    """src/tensorboard (the event files so far, flushed after every iteration) into dest."""
+    import shutil
+
+    if (src / "tensorboard").is_dir():
+        shutil.copytree(src / "tensorboard", dest / "tensorboard", dirs_exist_ok=True)
 
 
 def _resume_point(paths: RunPaths, info: DistInfo) -> Path | None:
@@ -435,6 +444,8 @@ def _restore_history(paths: RunPaths, ckpt: Path) -> None:
     for name in ("metrics.jsonl", "stages.json"):
         if not (paths.out / name).exists() and (ckpt / name).exists():
             shutil.copyfile(ckpt / name, paths.out / name)
+    if not (paths.out / "tensorboard").exists():  # a new pod: the events up to the checkpoint
+        _copy_tensorboard(ckpt, paths.out)
 
 
 def rl_stage(
@@ -731,36 +742,35 @@ def _run_locked(
         stages[name] = _stage_metrics(evaluate_model(model, tokenizer, cfg, splits.test, label))
         atomic_write_text(out / "stages.json", json.dumps(stages, indent=2) + "\n")
 
-    if "untrained" not in stages and main:
-        record("untrained", st.model, "untrained")
-    if st.resume_from is None and cfg.warm_start.enabled:
-        stages["warm_start_training"] = warm_start(cfg, st.model, tokenizer, splits)
-        if info.distributed:
-            _broadcast_weights(st.model)
-        if main:
-            ws_dir = paths.checkpoints / "warm_start"
-            require_finite_weights(st.model, "the weights to save as checkpoints/warm_start")
-            TorchEngine(st.model, 1.0).save_model(ws_dir, tokenizer)
-            paths.commit(ws_dir)
-            record("warm_start", st.model, "warm start")
-    _wait_for_all(cfg, "evaluations before RL")
-    logger: MetricsLogger | NullLogger = (
-        MetricsLogger(out, cfg.tensorboard, cfg.wandb_project, cfg.to_dict())
-        if main
-        else NullLogger()
-    )
-
     def eval_hook(m: Any) -> float:
         return (
             evaluate_model(m, tokenizer, cfg, splits.test, "during RL").metrics.success_rate or 0.0
         )
 
+    # Opened before the first evaluation: a tracker that cannot start (a wrong MLflow URI or
+    # credential) stops the run in seconds, not after the warm start.
+    logger: MetricsLogger | NullLogger = _metrics_logger(cfg, paths) if main else NullLogger()
     try:
+        if "untrained" not in stages and main:
+            record("untrained", st.model, "untrained")
+        if st.resume_from is None and cfg.warm_start.enabled:
+            stages["warm_start_training"] = warm_start(cfg, st.model, tokenizer, splits)
+            if info.distributed:
+                _broadcast_weights(st.model)
+            if main:
+                ws_dir = paths.checkpoints / "warm_start"
+                require_finite_weights(st.model, "the weights to save as checkpoints/warm_start")
+                TorchEngine(st.model, 1.0).save_model(ws_dir, tokenizer)
+                paths.commit(ws_dir)
+                record("warm_start", st.model, "warm start")
+        _wait_for_all(cfg, "evaluations before RL")
         model, records, engine = rl_stage(
             cfg, paths, st.model, tokenizer, splits, logger, st.resume_from, eval_hook
         )
-    finally:
-        logger.close()
+    except BaseException:
+        logger.close(failed=True)  # MLflow: FAILED; a resume sets it RUNNING again
+        raise
+    logger.close()
     if cfg.train.iterations > 0:
         with generation_ready([engine]):
             if main:
@@ -773,6 +783,18 @@ def _run_locked(
         return {"rank": info.rank}
     paths.commit(final)
     return _finish(paths, stages, records, st.resume_from, time.perf_counter() - t0, info)
+
+
+def _metrics_logger(cfg: Config, paths: RunPaths) -> MetricsLogger:
+    """metrics.jsonl and the trackers the config asks for, keyed by this run (`TrackedRun`):
+    its store URI and the commit time of its tasks, which a fresh start (also --overwrite)
+    renews and a resume keeps, so a restarted or resumed run continues its MLflow / W&B run."""
+    from envace.storage.artifacts import read_manifest
+    from envace.storage.uri import parse_uri
+
+    started = read_manifest(paths.store_uri(paths.tasks)).created
+    run = TrackedRun(str(parse_uri(paths.store)), started)
+    return MetricsLogger.from_config(paths.out, cfg, run)
 
 
 def _finish(
@@ -818,7 +840,8 @@ def _finish(
 
 
 def _commit_report(paths: RunPaths) -> str:
-    """summary, metrics, plot and config as one committed artifact (`report/`)."""
+    """summary, metrics, plot, config and TensorBoard events as one committed artifact
+    (`report/`)."""
     import shutil
 
     report = paths.out / "report"
@@ -826,6 +849,7 @@ def _commit_report(paths: RunPaths) -> str:
     for name in ("summary.json", "metrics.jsonl", "stages.json", "config.json", "progress.png"):
         if (paths.out / name).exists():
             shutil.copyfile(paths.out / name, report / name)
+    _copy_tensorboard(paths.out, report)
     return paths.commit(report)
 
 
