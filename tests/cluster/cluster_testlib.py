@@ -127,6 +127,22 @@ def pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return specs
 
 
+def every_pod_spec(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """pod_specs plus bare Pods (the chart's `helm test` Pod), keyed `Pod/name`."""
+    specs = pod_specs(objects)
+    specs.update({f"Pod/{o['metadata']['name']}": o["spec"] for o in objects if o["kind"] == "Pod"})
+    return specs
+
+
+def images_of(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The image of every container (init containers included), keyed `pod key/container`."""
+    return {
+        f"{where}/{container['name']}": container["image"]
+        for where, pod in every_pod_spec(objects).items()
+        for container in containers_of(pod)
+    }
+
+
 def containers_of(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod.get("initContainers", []), *pod["containers"]]
 

@@ -23,6 +23,7 @@ from cluster_testlib import (
     ManifestValidator,
     containers_of,
     env_of,
+    every_pod_spec,
     find,
     pod_specs,
     render,
@@ -37,7 +38,8 @@ from envace.cluster.trainjob import (
     with_runtime_resources,
 )
 
-VALUE_FILES = ("kind-values.yaml", "gpu-values.yaml", "external-store-values.yaml")
+# Every worked example in ci/ (a new file is linted, validated and scanned without listing it here).
+VALUE_FILES = tuple(sorted(path.name for path in (CHART / "ci").glob("*.yaml")))
 VALUE_SETS = [(), *((name,) for name in VALUE_FILES)]
 CHECK_OFF = ("prerequisites.check=false",)
 
@@ -116,18 +118,23 @@ def test_default_inventory(default_objects: list[dict[str, Any]]) -> None:
         "ConfigMap/envace-config",
         "ConfigMap/kfp-launcher",
         "Job/envace-bucket-init",
+        "Pod/envace-test",
+        "Role/envace-test",
         "Role/envace-trainjobs",
+        "RoleBinding/envace-test",
         "RoleBinding/envace-trainjobs",
         "Secret/envace-minio-root",
         "Secret/envace-store",
         "Service/envace-minio",
         "Service/envace-minio-headless",
         "ServiceAccount/envace",
+        "ServiceAccount/envace-test",
         "StatefulSet/envace-minio",
         "TrainingRuntime/envace",
     ]
     job = find(default_objects, "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert find(default_objects, "Pod")["metadata"]["annotations"]["helm.sh/hook"] == "test"
     minio = find(default_objects, "StatefulSet")
     (claim,) = minio["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
@@ -155,10 +162,13 @@ def test_prerequisite_check_names_the_missing_operator(helm: str) -> None:
 
 @pytest.mark.parametrize("values", VALUE_SETS, ids=lambda v: v[0] if v else "default")
 def test_secure_defaults_on_every_pod(helm: str, values: tuple[str, ...]) -> None:
-    pods = pod_specs(render(helm, values))
+    pods = every_pod_spec(render(helm, values))
     assert pods
     for where, pod in pods.items():
         assert pod["securityContext"]["runAsNonRoot"] is True, where
+        # >= 10000: no clash with a host user should a container escape (checkov CKV_K8S_40)
+        assert pod["securityContext"]["runAsUser"] >= 10000, where
+        assert pod["securityContext"]["runAsGroup"] >= 10000, where
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
         assert pod["automountServiceAccountToken"] is False, where
         for container in containers_of(pod):
@@ -170,6 +180,19 @@ def test_secure_defaults_on_every_pod(helm: str, values: tuple[str, ...]) -> Non
             assert container["resources"]["requests"] and container["resources"]["limits"], at
             tag = container["image"].rsplit(":", 1)[-1]
             assert tag and tag != "latest", f"{at}: unpinned image {container['image']}"
+            # Secrets reach containers as files, except the store keys of `envace train`,
+            # whose client reads only the environment (test_chart_scan.py, CKV_K8S_35).
+            secret_env = [
+                e["name"]
+                for e in container.get("env", [])
+                if "secretKeyRef" in e.get("valueFrom", {})
+            ]
+            allowed = (
+                {"ENVACE_S3_ACCESS_KEY", "ENVACE_S3_SECRET_KEY"}
+                if where.endswith("/node")
+                else set()
+            )
+            assert set(secret_env) <= allowed, f"{at}: secrets as env {secret_env}"
 
 
 def _shm(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
@@ -294,10 +317,21 @@ def test_store_contract_reaches_pods_and_kfp(default_objects: list[dict[str, Any
             "secretKeyKey": "secret-key",
         },
     }
-    minio_env = env_of(pod_specs(default_objects)["StatefulSet/envace-minio"]["containers"][0])
-    assert minio_env["MINIO_ROOT_PASSWORD"] == {
-        "secretKeyRef": {"name": "envace-minio-root", "key": "root-password"}
-    }
+    minio = pod_specs(default_objects)["StatefulSet/envace-minio"]
+    minio_env = env_of(minio["containers"][0])
+    assert minio_env["MINIO_ROOT_PASSWORD_FILE"] == "/credentials/root/password"
+    assert minio_env["MINIO_ROOT_USER_FILE"] == "/credentials/root/user"
+    assert "MINIO_ROOT_PASSWORD" not in minio_env
+    root = next(v for v in minio["volumes"] if v["name"] == "root-credentials")["secret"]
+    assert root["secretName"] == "envace-minio-root"
+    assert root["items"] == [
+        {"key": "root-user", "path": "user"},
+        {"key": "root-password", "path": "password"},
+    ]
+    mount = next(
+        m for m in minio["containers"][0]["volumeMounts"] if m["name"] == "root-credentials"
+    )
+    assert mount == {"name": "root-credentials", "mountPath": "/credentials/root", "readOnly": True}
 
 
 def test_existing_secrets_replace_generated_ones(gpu_objects: list[dict[str, Any]]) -> None:
@@ -307,10 +341,14 @@ def test_existing_secrets_replace_generated_ones(gpu_objects: list[dict[str, Any
         env_of(node)["ENVACE_S3_ACCESS_KEY"]["secretKeyRef"]["name"] == "envace-store-credentials"
     )
     assert node["args"][3] == "minio://envace-prod/experiments"
-    bucket_env = env_of(pod_specs(gpu_objects)["Job/envace-bucket-init"]["containers"][0])
-    assert bucket_env["ROOT_USER"]["secretKeyRef"]["name"] == "envace-minio-root"
+    bucket_init = pod_specs(gpu_objects)["Job/envace-bucket-init"]
+    secrets = {v["name"]: v["secret"] for v in bucket_init["volumes"] if "secret" in v}
+    assert secrets["root-credentials"]["secretName"] == "envace-minio-root"
+    assert secrets["store-credentials"]["secretName"] == "envace-store-credentials"
+    bucket_env = env_of(bucket_init["containers"][0])
     assert bucket_env["BUCKETS"] == "envace-prod envace-datasets"
-    role = find(gpu_objects, "Role")
+    assert bucket_env["ROOT_CREDENTIALS_DIR"] == "/credentials/root"
+    role = find(gpu_objects, "Role", "envace-trainjobs")
     secret_rule = next(r for r in role["rules"] if r["resources"] == ["secrets"])
     assert secret_rule == {
         "apiGroups": [""],
@@ -464,13 +502,22 @@ def test_inference_serves_a_store_checkpoint(gpu_objects: list[dict[str, Any]]) 
     (fetch,) = pod["initContainers"]
     assert env_of(fetch)["MODEL_PATH"] == "envace-prod/runs/round-3/checkpoint"
     (vllm,) = pod["containers"]
-    assert vllm["image"] == "vllm/vllm-openai:v0.33.0"
+    assert vllm["image"] == "registry.example.com/vllm/vllm-openai:v0.33.0"  # the mirror
     assert vllm["command"] == ["vllm", "serve"]
     assert vllm["args"][0] == "/models/served"
     assert "--served-model-name=simulator" in vllm["args"]
     assert "--tensor-parallel-size=2" in vllm["args"]
     assert "--enable-prefix-caching" in vllm["args"]
-    assert env_of(vllm)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert env_of(vllm)["HF_TOKEN_PATH"] == "/credentials/hf/token"  # a file, not HF_TOKEN
+    token = next(v for v in pod["volumes"] if v["name"] == "hf-token")["secret"]
+    assert token["secretName"] == "hf-token"
+    assert token["items"] == [{"key": "token", "path": "token"}]
+    assert {"name": "hf-token", "mountPath": "/credentials/hf", "readOnly": True} in vllm[
+        "volumeMounts"
+    ]
+    fetch_credentials = next(v for v in pod["volumes"] if v["name"] == "store-credentials")
+    assert fetch_credentials["secret"]["secretName"] == "envace-store-credentials"
+    assert "$(cat /credentials/store/access-key)" in fetch["args"][0]
     assert vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"] == 1800
     service = find(gpu_objects, "Service", "envace-simulator")
     assert service["spec"]["ports"][0]["port"] == 8000
@@ -479,12 +526,12 @@ def test_inference_serves_a_store_checkpoint(gpu_objects: list[dict[str, Any]]) 
 def test_rbac_lets_runs_manage_trainjobs(
     default_objects: list[dict[str, Any]], gpu_objects: list[dict[str, Any]]
 ) -> None:
-    rules = find(default_objects, "Role")["rules"]
+    rules = find(default_objects, "Role", "envace-trainjobs")["rules"]
     trainjobs = next(r for r in rules if r["resources"] == ["trainjobs"])
     assert {"create", "get", "watch", "delete"} <= set(trainjobs["verbs"])
     assert any(r["resources"] == ["configmaps"] and "create" in r["verbs"] for r in rules)
     assert any("pods/log" in r["resources"] for r in rules)
-    binding = find(gpu_objects, "RoleBinding")
+    binding = find(gpu_objects, "RoleBinding", "envace-trainjobs")
     assert {
         "kind": "ServiceAccount",
         "name": "pipeline-runner",
@@ -493,7 +540,7 @@ def test_rbac_lets_runs_manage_trainjobs(
     assert {"kind": "ServiceAccount", "name": "envace-pipelines", "namespace": "envace"} in binding[
         "subjects"
     ]
-    cluster_role = find(gpu_objects, "ClusterRole")
+    cluster_role = find(gpu_objects, "ClusterRole", "envace-envace-runtimes")
     assert cluster_role["rules"] == [
         {
             "apiGroups": ["trainer.kubeflow.org"],
@@ -542,8 +589,19 @@ def test_every_value_is_documented_in_readme_and_schema() -> None:
         assert node["description"], f"{owners[0]} has no description in values.schema.json"
 
 
+def _credential_files(folder: Path, user: str, password: str) -> Path:
+    """A mounted credentials Secret as the chart maps it: store keys and root user side by side."""
+    folder.mkdir()
+    for name, value in (("access-key", user), ("secret-key", password)):
+        (folder / name).write_text(value)
+    for name, value in (("user", user), ("password", password)):
+        (folder / name).write_text(value)
+    return folder
+
+
 def test_bucket_init_script_is_idempotent(tmp_path: Path) -> None:
-    """Runs files/bucket-init.sh under sh with a recording stand-in for `mc` (no MinIO here)."""
+    """Runs files/bucket-init.sh under sh with a recording stand-in for `mc` (no MinIO here);
+    credentials come as files, the way the Job mounts its Secrets."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "mc.log"
@@ -565,10 +623,10 @@ def test_bucket_init_script_is_idempotent(tmp_path: Path) -> None:
         "BUCKETS": "envace extra",
         "POLICY": "envace-rw",
         "MANAGE_USER": "true",
-        "ACCESS_KEY": "envace",
-        "SECRET_KEY": "s3cret-s3cret",
-        "ROOT_USER": "root",
-        "ROOT_PASSWORD": "root-pass",
+        "STORE_CREDENTIALS_DIR": str(
+            _credential_files(tmp_path / "store", "envace", "s3cret-s3cret")
+        ),
+        "ROOT_CREDENTIALS_DIR": str(_credential_files(tmp_path / "root", "root", "root-pass")),
         "HOME": str(tmp_path),
     }
     script = str(CHART / "files" / "bucket-init.sh")
@@ -614,9 +672,16 @@ def test_notes_tell_how_to_use_the_release(helm: str, tmp_path: Path) -> None:
     assert "envace cluster submit --namespace envace --runtime envace --config" in notes
     assert "kubectl -n envace apply -k k8s/overlays/gpu-single-node" in notes
     assert "Kubeflow Trainer + JobSet : found" in notes
+    assert "Check the release: helm test envace -n envace --logs" in notes
+    assert "credentials  : Secret envace-store (keys access-key, secret-key)" in notes
     assert "Inference server" not in notes
     notes = _notes(helm, tmp_path / "gpu", ("gpu-values.yaml",))
     assert "--runtime envace-h100 --cluster-runtime" in notes
     assert "k8s/overlays" not in notes  # the overlays reference TrainingRuntime/envace
     assert 'http://envace-simulator.envace.svc:8000/v1  (model "simulator")' in notes
     assert "Run pipelines with service account envace-pipelines" in notes
+    notes = _notes(helm, tmp_path / "irsa", ("external-s3-web-identity-values.yaml",))
+    assert (
+        "credentials  : web identity of ServiceAccount envace"
+        " (role arn:aws:iam::123456789012:role/envace-training), no static keys"
+    ) in notes

@@ -60,10 +60,10 @@ def test_hadolint_does_flag_problems(hadolint: str, tmp_path: Path) -> None:
 def test_image_conventions(dockerfile: Path) -> None:
     text = dockerfile.read_text()
     final_stage = text.rsplit("\nFROM ", 1)[1]
-    assert "\nUSER 1000:1000\n" in final_stage, (
+    assert "\nUSER 10000:10000\n" in final_stage, (
         "the final stage must run as the non-root envace user"
     )
-    assert "useradd --uid 1000" in text
+    assert "useradd --uid 10000" in text
     assert 'ENTRYPOINT ["envace"]' in final_stage
     assert "COPY configs /opt/envace/configs" in final_stage  # k8s overlays point --config there
     for match in re.finditer(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE):

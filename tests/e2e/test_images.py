@@ -2,7 +2,7 @@
 
 Runs where a Docker daemon is reachable (`make test-images`); see docs/images.md for building the
 base image offline (scripts/build_base_image.sh) and the build knobs. The container runs the way
-the chart runs pods: as uid 1000, read-only root file system, no network.
+the chart runs pods: as uid 10000, read-only root file system, no network.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_help_runs_as_the_unprivileged_user(cpu_image: str) -> None:
     identity = run(
         ["docker", "run", *_LOCKED_DOWN, "--entrypoint", "id", cpu_image], timeout=60
     ).stdout
-    assert identity.startswith("uid=1000(envace) gid=1000(envace)")
+    assert identity.startswith("uid=10000(envace) gid=10000(envace)")
     configs = run(
         ["docker", "run", *_LOCKED_DOWN, "--entrypoint", "ls", cpu_image, "/opt/envace/configs"]
     ).stdout
@@ -43,14 +43,14 @@ def test_short_envace_run_in_the_container(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    out.chmod(0o777)  # the container user (1000) writes here
+    out.chmod(0o777)  # the container user (10000) writes here
     run(
         [
             "docker",
             "run",
             *_LOCKED_DOWN,
             "--tmpfs",
-            "/home/envace:uid=1000,gid=1000,size=2g",
+            "/home/envace:uid=10000,gid=10000,size=2g",
             "-v",
             f"{smoke_config}:/config/smoke.yaml:ro",
             "-v",

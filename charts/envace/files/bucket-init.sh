@@ -3,11 +3,16 @@
 # Idempotent: every `helm upgrade` re-runs it and leaves an initialised store unchanged.
 set -eu
 
+# Credentials come as files (mounted Secrets, never environment variables):
+#   $STORE_CREDENTIALS_DIR/{access-key,secret-key}  the application user
+#   $ROOT_CREDENTIALS_DIR/{user,password}           MinIO root (only with MANAGE_USER=true)
 export MC_CONFIG_DIR=/tmp/mc
 url="${STORE_SCHEME}://${STORE_ENDPOINT}"
+ACCESS_KEY="$(cat "$STORE_CREDENTIALS_DIR/access-key")"
+SECRET_KEY="$(cat "$STORE_CREDENTIALS_DIR/secret-key")"
 if [ "$MANAGE_USER" = "true" ]; then
-    admin_user="$ROOT_USER"
-    admin_password="$ROOT_PASSWORD"
+    admin_user="$(cat "$ROOT_CREDENTIALS_DIR/user")"
+    admin_password="$(cat "$ROOT_CREDENTIALS_DIR/password")"
 else
     admin_user="$ACCESS_KEY"
     admin_password="$SECRET_KEY"

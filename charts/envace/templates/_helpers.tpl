@@ -49,8 +49,55 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
+{{/*
+An image reference `[registry/]repository:tag`. The registry is `global.imageRegistry`, else
+`image.registry` (a mirror for every image of the chart), else the image's own `registry`.
+Arguments: (list $ image defaultTag), image being a values dict with registry / repository / tag.
+*/}}
+{{- define "envace.imageRef" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- $registry := coalesce (get ($root.Values.global | default dict) "imageRegistry") $root.Values.image.registry $image.registry | default "" -}}
+{{- $tag := default (index . 2) $image.tag -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" $registry $image.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository $tag -}}
+{{- end -}}
+{{- end }}
+
 {{- define "envace.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "envace.imageRef" (list . .Values.image .Chart.AppVersion) }}
+{{- end }}
+
+{{/* `imagePullSecrets:` of a pod spec on a new line, indented; nothing when there are none. Arguments: (list $ indent). */}}
+{{- define "envace.imagePullSecrets" -}}
+{{- with (index . 0).Values.imagePullSecrets }}
+{{- $secrets := list }}
+{{- range . }}{{ $secrets = append $secrets (dict "name" .) }}{{ end }}
+{{- dict "imagePullSecrets" $secrets | toYaml | nindent (index $ 1) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when pods authenticate to the store with web identity (no static keys), else "". */}}
+{{- define "envace.store.webIdentity" -}}
+{{- if eq .Values.store.credentials.source "webIdentity" }}true{{ end }}
+{{- end }}
+
+{{/*
+Volume with the application store credentials as the files `access-key` and `secret-key`
+(whatever the Secret's keys are called), for the `mc` containers. Argument: $ ; name `store-credentials`.
+*/}}
+{{- define "envace.store.credentialsVolume" -}}
+- name: store-credentials
+  secret:
+    secretName: {{ include "envace.store.secretName" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.store.credentials.accessKeyKey }}
+        path: access-key
+      - key: {{ .Values.store.credentials.secretKeyKey }}
+        path: secret-key
 {{- end }}
 
 {{- define "envace.minio.fullname" -}}
@@ -111,7 +158,11 @@ No sign: a negative size or limit is never meant. Arguments: (list key value exa
 {{- default (printf "minio://%s/runs" .Values.store.bucket) .Values.runtime.storeUri }}
 {{- end }}
 
-{{/* ENVACE_S3_* variables: the artifact-store contract of every EnvACE container. */}}
+{{/*
+ENVACE_S3_* variables: the artifact-store contract of every EnvACE container. With web identity
+there are no keys: the store client takes its credentials from the ServiceAccount token
+(AWS_ROLE_ARN / AWS_WEB_IDENTITY_TOKEN_FILE, injected by EKS for the annotated ServiceAccount).
+*/}}
 {{- define "envace.store.env" -}}
 - name: ENVACE_S3_ENDPOINT
   value: {{ include "envace.store.endpoint" . | quote }}
@@ -119,6 +170,7 @@ No sign: a negative size or limit is never meant. Arguments: (list key value exa
   value: {{ .Values.store.region | quote }}
 - name: ENVACE_S3_SECURE
   value: {{ .Values.store.secure | quote }}
+{{- if not (include "envace.store.webIdentity" .) }}
 - name: ENVACE_S3_ACCESS_KEY
   valueFrom:
     secretKeyRef:
@@ -129,6 +181,7 @@ No sign: a negative size or limit is never meant. Arguments: (list key value exa
     secretKeyRef:
       name: {{ include "envace.store.secretName" . }}
       key: {{ .Values.store.credentials.secretKeyKey }}
+{{- end }}
 {{- end }}
 
 {{/*
