@@ -27,6 +27,20 @@ LONG_ON_PURPOSE = {
     "envace.rollout.engine": "the episode state machine",
 }
 MAX_LINES = 520
+# Layers, top first: a module imports (at module level) only its own group and lower layers.
+# docs/architecture.md draws the same picture.
+LAYERS = (
+    ("pipelines", "cli"),
+    ("stages",),
+    ("run",),
+    ("evaluate", "train", "cluster"),
+    ("rollout",),
+    ("reward", "algo"),
+    ("policy", "tasks"),
+    ("envs", "storage"),
+    ("config", "report", "retry"),
+    ("errors", "envace"),
+)
 
 
 def _module_name(path: Path) -> str:
@@ -125,6 +139,29 @@ def test_no_import_cycle() -> None:
     graph, _ = _graph()
     assert len(graph) > 100  # the walk found the package
     assert not _cycles(_without_package_inits(graph))
+
+
+def _group(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "pipelines" or parts[-1] in ("cli", "config_cli", "__main__"):
+        return "pipelines" if parts[0] == "pipelines" else "cli"
+    return parts[1] if len(parts) > 1 else "envace"
+
+
+def _layer(group: str) -> int:
+    (level,) = [i for i, names in enumerate(LAYERS) if group in names]
+    return level
+
+
+def test_imports_go_down_the_layers() -> None:
+    graph, _ = _graph()
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if _group(a) != _group(b) and _layer(_group(b)) <= _layer(_group(a))
+    )
+    assert not upward, upward
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
