@@ -28,6 +28,7 @@ from envace.rollout.policies import OraclePolicy, RandomPolicy
 from envace.tasks.generate import write_splits
 from envace.tasks.io import task_to_dict, write_tasks_jsonl
 from envace.tasks.loader import TaskFormatError, load_tasks
+from tests.helpers.mutations import mutate
 
 FIXTURES = Path(__file__).parents[1] / "tasks" / "fixtures"
 CONFIG = RolloutConfig(max_steps_per_turn=3)
@@ -48,89 +49,9 @@ def _pool() -> list[dict[str, Any]]:
 POOL = _pool()
 
 
-def _deep(levels: int) -> Any:
-    value: Any = "leaf"
-    for i in range(levels):
-        value = {"a": value} if i % 2 else [value]
-    return value
-
-
-_SCHEMAS = st.sampled_from(
-    [
-        True,
-        False,
-        {},
-        {"$ref": "#"},
-        {"$ref": "http://127.0.0.1:9/never.json"},
-        {"$ref": "file:///etc/passwd"},
-        {"$ref": "#/$defs/missing"},
-        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
-        {"type": "object", "properties": {"child": {"$ref": "#"}}},
-        {"enum": []},
-        {"enum": [1, "x", None]},
-        {"type": "integer"},
-        {"type": ["string", "null"]},
-        {"type": "string", "pattern": "^(a+)+$"},
-        {"type": "string", "pattern": "(?=a)a"},
-        {"type": "string", "pattern": "a{99999999999}"},
-        {"type": "string", "pattern": "(" * 40 + ")" * 40},
-        {"patternProperties": {"^x": {}}},
-        {"type": 3},
-        {"properties": {"x": True, "y": False}},
-    ]
-)
-_SCALARS = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(10**30), 10**30),
-    st.sampled_from([430.0, 0.1, -0.0, 1e308, 5e-324, 1e16]),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=12),
-    st.sampled_from(["", "\ud800", "a\udfff", "f\n", "x\u2028y", "\x1b[31m", "a" * 41 + "!"]),
-)
-_VALUES = st.one_of(
-    _SCALARS,
-    _SCHEMAS,
-    st.lists(_SCALARS, max_size=3),
-    st.dictionaries(st.text(max_size=6), _SCALARS, max_size=3),
-    st.sampled_from([_deep(70), _deep(30)]),
-)
-
-
-def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every location inside a JSON value (the value itself first)."""
-    found = [path]
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found += _paths(item, (*path, key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found += _paths(item, (*path, i))
-    return found
-
-
-def _parent(data: Any, path: tuple[Any, ...]) -> Any:
-    for key in path[:-1]:
-        data = data[key]
-    return data
-
-
 @st.composite
 def _mutated_line(draw: st.DrawFn) -> str:
-    data = copy.deepcopy(draw(st.sampled_from(POOL)))
-    for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(_paths(data)[1:]))
-        parent, last = _parent(data, path), path[-1]
-        action = draw(st.sampled_from(["replace", "delete", "insert", "duplicate"]))
-        if action == "replace":  # values are copied: a later mutation must not edit the pool
-            parent[last] = copy.deepcopy(draw(_VALUES))
-        elif action == "delete":
-            del parent[last]
-        elif action == "insert" and isinstance(parent[last], dict):
-            key = draw(st.sampled_from(["x", "$ref", "enum", "pattern", "type"]))
-            parent[last][key] = copy.deepcopy(draw(_VALUES))
-        elif action == "duplicate" and isinstance(parent[last], list) and parent[last]:
-            parent[last].append(copy.deepcopy(parent[last][0]))
+    data = mutate(draw, copy.deepcopy(draw(st.sampled_from(POOL))))
     line = json.dumps(data, ensure_ascii=draw(st.booleans()))
     if draw(st.integers(0, 9)) == 0:  # now and then, break the JSON text itself
         at = draw(st.integers(0, len(line)))
