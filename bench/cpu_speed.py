@@ -492,7 +492,7 @@ def _cells(row: dict[str, Any], keys: list[str]) -> list[Any]:
 def _machine_info(plan: Plan) -> dict[str, Any]:
     import transformers
 
-    from envace.policy.hf_backend import bf16_native
+    from envace.policy.hf_backend import bf16_native, cpu_bf16_speedup
 
     return {
         "cpu": _machine(plan),
@@ -503,6 +503,7 @@ def _machine_info(plan: Plan) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "bf16_native": bf16_native(),
+        "bf16_matmul_speedup": round(cpu_bf16_speedup(), 3),  # fp32 time / bf16 time
         "envace_dtype": plan.dtype,
     }
 

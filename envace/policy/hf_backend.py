@@ -16,7 +16,9 @@ tokens with a 151,936-token vocabulary).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -28,9 +30,12 @@ from envace.policy.static_decode import StaticDecoder, static_decode_supported
 from envace.policy.types import Generation, SamplingParams, check_prompts
 
 __all__ = [
+    "BF16_MIN_SPEEDUP",
     "DecodeMode",
     "TransformersBackend",
+    "auto_dtype",
     "bf16_native",
+    "cpu_bf16_speedup",
     "load_model_and_tokenizer",
     "resolve_decode",
     "resolve_dtype",
@@ -59,16 +64,49 @@ def bf16_native() -> bool:
         return False
 
 
+# `auto` on a CPU takes bfloat16 only when its matmuls are this much faster than float32's: a
+# CPU with AVX512-BF16 but no AMX may convert and run no faster (seen on one of our hosts).
+BF16_MIN_SPEEDUP = 1.2
+
+
+def _matmul_seconds(dtype: torch.dtype, size: int = 768, repeats: int = 6) -> float:
+    """Best wall time of one `size` x `size` matmul in `dtype` (the first run warms up)."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def cpu_bf16_speedup() -> float:
+    """float32 over bfloat16 matmul time on this CPU (measured once per process, ~0.1 s)."""
+    return _matmul_seconds(torch.float32) / max(_matmul_seconds(torch.bfloat16), 1e-9)
+
+
+def auto_dtype() -> tuple[torch.dtype, str]:
+    """What `model.dtype: auto` means here, and why: bfloat16 on a GPU that has it; on a CPU,
+    bfloat16 when oneDNN supports it and it measures at least BF16_MIN_SPEEDUP x faster."""
+    if not bf16_native():
+        return torch.float32, "no native bf16 on this machine"
+    if torch.cuda.is_available():
+        return torch.bfloat16, "bf16 is native on this GPU"
+    speedup = cpu_bf16_speedup()
+    if speedup < BF16_MIN_SPEEDUP:
+        return torch.float32, (
+            f"bf16 matmuls measure only {speedup:.2f}x fp32's here (needs {BF16_MIN_SPEEDUP}x)"
+        )
+    return torch.bfloat16, f"bf16 matmuls measure {speedup:.2f}x fp32's here"
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     """`model.dtype` as a torch dtype; `auto` is bfloat16 where native, else float32."""
     if name == "auto":
-        native = bf16_native()
-        chosen = torch.bfloat16 if native else torch.float32
-        log.info(
-            "model.dtype auto: %s (%s)",
-            str(chosen).removeprefix("torch."),
-            "bf16 is native here" if native else "no native bf16 on this machine",
-        )
+        chosen, why = auto_dtype()
+        log.info("model.dtype auto: %s (%s)", str(chosen).removeprefix("torch."), why)
         return chosen
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:

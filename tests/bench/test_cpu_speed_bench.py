@@ -92,5 +92,6 @@ def test_cpu_speed_counts_the_same_useful_tokens_and_packs_fewer_forward_tokens(
 
     assert machine["cores"] >= 1 and machine["torch"] and machine["envace_dtype"] in DTYPES
     assert isinstance(machine["bf16_native"], bool)
+    assert machine["bf16_matmul_speedup"] > 0
     assert report["command"].startswith("python bench/cpu_speed.py --checkpoint")
     assert "useful tok/s" in proc.stdout and "x vLLM" in proc.stdout

@@ -124,13 +124,29 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(
 def test_dtype_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
     from envace.policy import hf_backend
 
+    # oneDNN's check and the measured speedup are replaced: a test must not depend on the host
+    # CPU (this one may have no bf16 at all) or on how busy it is.
     monkeypatch.setattr(hf_backend, "bf16_native", lambda: True)
+    monkeypatch.setattr(hf_backend, "cpu_bf16_speedup", lambda: 2.4)
     assert resolve_dtype("auto") is torch.bfloat16
+    assert hf_backend.auto_dtype()[1] == "bf16 matmuls measure 2.40x fp32's here"
+    monkeypatch.setattr(hf_backend, "cpu_bf16_speedup", lambda: 1.05)
+    assert hf_backend.auto_dtype() == (
+        torch.float32,
+        "bf16 matmuls measure only 1.05x fp32's here (needs 1.2x)",
+    )
     monkeypatch.setattr(hf_backend, "bf16_native", lambda: False)
-    assert resolve_dtype("auto") is torch.float32
+    assert hf_backend.auto_dtype() == (torch.float32, "no native bf16 on this machine")
     assert resolve_dtype("float16") is torch.float16
     with pytest.raises(UserInputError, match=r"model\.dtype"):
         resolve_dtype("int8")
+
+
+def test_the_bf16_speedup_is_a_measurement() -> None:
+    from envace.policy import hf_backend
+
+    speedup = hf_backend.cpu_bf16_speedup()
+    assert 0 < speedup < 1000 and hf_backend.cpu_bf16_speedup() == speedup  # measured once
 
 
 def test_compact_tools_keep_what_a_call_needs_and_drop_limits() -> None:
