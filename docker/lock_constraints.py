@@ -1,4 +1,4 @@
-"""Write docker/constraints-cpu.txt: exact versions of the `envace[pipelines]` dependency closure.
+"""Write docker/constraints-cpu.txt: exact versions of the `envace[pipelines,tracking]` closure.
 
 Resolved from the packages installed in the running interpreter (the project's .venv), so the CPU
 image installs what the tests ran against. torch is left out: the Dockerfile pins it by itself
@@ -18,12 +18,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("pipelines",)
+EXTRAS = ("pipelines", "tracking")
 SKIP = {"torch", "envace"}
 HEADER = """\
 # Exact versions of all the CPU image installs except torch (pinned on its own: TORCH_VERSION).
-# The dependency closure of `envace[pipelines]`, resolved once on the CI machine (Python 3.11) and
-# passed to pip as constraints, so rebuilding the image later installs the same set.
+# The dependency closure of `envace[pipelines,tracking]`, resolved once on the CI machine (Python
+# 3.11) and passed to pip as constraints, so rebuilding the image later installs the same set.
 # Regenerate after changing pyproject.toml dependencies: .venv/bin/python docker/lock_constraints.py
 """
 

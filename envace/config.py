@@ -232,6 +232,9 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tensorboard: bool = True  # TensorBoard event files under OUT/tensorboard
     wandb_project: str | None = None  # W&B logging when set (needs `pip install wandb`)
+    # MLflow server URL (null: $MLFLOW_TRACKING_URI; neither: off); credentials only from the env
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "envace"  # the MLflow experiment of the run (created when missing)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -602,6 +605,9 @@ def validate(cfg: Config) -> Config:
     Trainable.from_config(cfg)  # train.trainable against train.lora / train.top_layers
     if cfg.train.engine == "deepspeed" and cfg.algo.sharing == "noshare":
         raise ConfigError("algo.sharing: 'noshare' is supported by train.engine 'torch' only")
+    from envace.train.tracking import check_mlflow_uri
+
+    check_mlflow_uri(cfg.mlflow_tracking_uri)  # before config.json is written; value not shown
     return cfg
 
 

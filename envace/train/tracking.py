@@ -1,14 +1,40 @@
-"""Metrics sinks: metrics.jsonl (one line per iteration), TensorBoard, optional W&B, a PNG plot."""
+"""Metrics sinks: metrics.jsonl (one line per iteration, the record of the run), mirrored to
+TensorBoard, MLflow and W&B (each optional), and a PNG plot.
+
+MLflow and W&B runs are keyed by the EnvACE run (`TrackedRun`), so a restarted or resumed run
+continues the same tracker run instead of starting a new one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from collections.abc import Sequence
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["MetricsLogger", "NullLogger", "plot_progress", "read_metrics"]
+from envace.errors import ConfigError, UserInputError
+
+if TYPE_CHECKING:
+    from envace.config import Config
+
+__all__ = [
+    "MetricsLogger",
+    "MlflowTarget",
+    "MlflowTracker",
+    "NullLogger",
+    "TrackedRun",
+    "Tracker",
+    "check_mlflow_uri",
+    "flat_params",
+    "plot_progress",
+    "read_metrics",
+    "wandb_init_args",
+]
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +48,7 @@ class NullLogger:
     def log(self, record: dict[str, Any]) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         pass
 
 
@@ -33,8 +59,6 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     A kill can interrupt the append of the last line only, so a last line that is not a JSON
     object with an integer "iteration" is the write that was cut short and is dropped. A bad line anywhere else means the
     file was damaged some other way: UserInputError naming the line (nothing is changed)."""
-    from envace.errors import UserInputError
-
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     records: list[dict[str, Any]] = []
@@ -64,8 +88,290 @@ def _parse_record(line: str) -> dict[str, Any] | None:
     return record if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+@dataclass(frozen=True)
+class TrackedRun:
+    """Who a run is to MLflow and W&B, the same for every restart and resume of it.
+
+    `name` is the run's store URI (`envace train`: <store>/<run name>); `started` is when the
+    run's fresh start committed its tasks (a resume never recommits them; --overwrite, or a
+    fresh start after a kill before the first checkpoint, does). A run that starts over in the
+    same place is a new run: its metric history starts over too."""
+
+    name: str
+    started: str = ""
+
+    @property
+    def key(self) -> str:
+        """A stable id (20 hex digits): the W&B run id and the MLflow run's `envace.run_key` tag."""
+        return hashlib.sha256(f"{self.name}\n{self.started}".encode()).hexdigest()[:20]
+
+    @property
+    def title(self) -> str:
+        """A short display name: the last part of `name`."""
+        return self.name.rstrip("/").rsplit("/", 1)[-1] or self.name
+
+
+@dataclass(frozen=True)
+class MlflowTarget:
+    """Where MLflow runs go. Credentials never appear here: the MLflow client reads them from
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN."""
+
+    uri: str
+    experiment: str = "envace"
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> MlflowTarget | None:
+        """`mlflow_tracking_uri`, else the MLFLOW_TRACKING_URI environment variable; None: off."""
+        uri = cfg.mlflow_tracking_uri or os.environ.get(MLFLOW_URI_ENV, "").strip()
+        return cls(uri, cfg.mlflow_experiment) if uri else None
+
+
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+
+
+class Tracker(Protocol):
+    """An external sink of the per-iteration scalars (metrics.jsonl is written before it)."""
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None: ...
+
+    def truncate_after(self, iteration: int) -> None:
+        """A resume from the checkpoint of `iteration`: the later iterations will be redone."""
+
+    def close(self, failed: bool) -> None: ...
+
+
+class _TensorBoard:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.writer = self._writer(None)
+
+    def _writer(self, purge_step: int | None) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def truncate_after(self, iteration: int) -> None:
+        # A fresh event file that starts with a purge marker (SummaryWriter's purge_step):
+        # readers drop every earlier event at a later step, however many kills there were.
+        self.writer.close()
+        self.writer = self._writer(iteration + 1)
+
+    def close(self, failed: bool) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    """One W&B run per EnvACE run: `id` is the run's stable key and `resume="allow"` continues
+    it after a restart. W&B keeps its steps increasing, so an iteration it already holds from
+    the attempt before a resume keeps that attempt's values (skipped here, with a warning)."""
+
+    def __init__(self, project: str, run: TrackedRun, config: Any, out: Path) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ConfigError(
+                f"wandb_project: {project!r} is set but wandb is not installed; "
+                "`pip install 'envace[tracking]'` or unset wandb_project"
+            ) from exc
+        self.run = wandb.init(**wandb_init_args(project, run, config, out))
+        self.skipped = False
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        if step < self.run.step:  # resumed online: W&B would drop it with its own warning
+            if not self.skipped:
+                log.warning("W&B already holds iteration %d (before the resume); kept", step)
+            self.skipped = True
+            return
+        self.run.log(dict(scalars), step=step)
+
+    def truncate_after(self, iteration: int) -> None:
+        pass
+
+    def close(self, failed: bool) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+def wandb_init_args(project: str, run: TrackedRun, config: Any, out: Path) -> dict[str, Any]:
+    """The arguments of `wandb.init`: the same id for every restart and resume of `run`."""
+    return {
+        "project": project,
+        "id": run.key,
+        "name": run.title,
+        "resume": "allow",
+        "config": config,
+        "dir": str(out),
+    }
+
+
+def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as MLflow params: dotted keys (`train.lr`), JSON values (strings as they
+    are), an empty mapping as `{}`. Characters MLflow refuses in a key become `_`."""
+    params: dict[str, str] = {}
+    for key, value in config.items():
+        name = prefix + re.sub(r"[^\w./ -]", "_", str(key))
+        if isinstance(value, Mapping) and value:
+            params.update(flat_params(value, name + "."))
+        else:
+            params[name] = value if isinstance(value, str) else json.dumps(value)
+    return params
+
+
+class MlflowTracker:
+    """One MLflow run per EnvACE run, found again by its `envace.run_key` tag (`TrackedRun.key`)
+    after a restart or resume and continued (status RUNNING again), else created with the tags
+    `envace.run` (the run's name) and `envace.run_key`. Params: the flattened config, logged
+    once (MLflow refuses to change a param: a setting changed at a resume is kept as first
+    logged, with a warning). Metrics: each iteration's scalars at step = iteration; an
+    iteration the run already holds (logged before a kill, redone after the resume) is not
+    sent again, since MLflow can only append: the run keeps one value per step."""
+
+    RUN_TAG = "envace.run"
+    KEY_TAG = "envace.run_key"
+
+    def __init__(self, target: MlflowTarget, run: TrackedRun, params: Mapping[str, str]) -> None:
+        check_mlflow_uri(target.uri)
+        try:
+            from mlflow import MlflowClient
+            from mlflow.exceptions import MlflowException
+        except ImportError as exc:
+            raise ConfigError(
+                f"MLflow tracking is on (mlflow_tracking_uri or ${MLFLOW_URI_ENV}) but mlflow"
+                " is not installed; `pip install 'envace[tracking]'` or unset both"
+            ) from exc
+        self.client = MlflowClient(tracking_uri=target.uri)
+        try:
+            self.run_id, self.held = self._open(target, run, params)
+        except MlflowException as exc:
+            raise UserInputError(
+                f"MLflow at {target.uri}: {exc.message}; check mlflow_tracking_uri (or"
+                f" ${MLFLOW_URI_ENV}) and the credentials in MLFLOW_TRACKING_USERNAME /"
+                " MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN"
+            ) from None
+        log.info("MLflow: run %s (%s) in experiment %r", self.run_id, run.title, target.experiment)
+        self.skipped = False
+
+    def _open(
+        self, target: MlflowTarget, run: TrackedRun, params: Mapping[str, str]
+    ) -> tuple[str, dict[str, set[int]]]:
+        experiment_id = self._experiment(target.experiment)
+        found = self.client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{self.KEY_TAG}` = '{run.key}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            held = {
+                k: {m.step for m in self.client.get_metric_history(run_id, k)}
+                for k in found[0].data.metrics
+            }
+            self._log_params(run_id, params, dict(found[0].data.params))
+            return run_id, held
+        tags = {self.RUN_TAG: run.name, self.KEY_TAG: run.key, "envace.started": run.started}
+        created = self.client.create_run(experiment_id, run_name=run.title, tags=tags)
+        self._log_params(created.info.run_id, params, {})
+        return created.info.run_id, {}
+
+    def _experiment(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return str(self.client.create_experiment(name))
+            except MlflowException:  # created meanwhile by another run
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+        if experiment.lifecycle_stage != "active":
+            raise ConfigError(
+                f"mlflow_experiment: {name!r} is deleted on the MLflow server; restore it"
+                " (`mlflow experiments restore`) or choose another name"
+            )
+        return str(experiment.experiment_id)
+
+    def _log_params(self, run_id: str, params: Mapping[str, str], held: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        changed = sorted(k for k, v in params.items() if k in held and held[k] != _cut(v))
+        if changed:
+            log.warning(
+                "MLflow keeps the params a run was started with; changed at this resume and"
+                " not updated there: %s (config.json holds the values in use)",
+                ", ".join(changed),
+            )
+        new = [Param(k, _cut(v)) for k, v in params.items() if k not in held]
+        for param in new:
+            if param.value != params[param.key]:
+                log.warning("MLflow param %s: cut to %d characters", param.key, _PARAM_MAX)
+        for i in range(0, len(new), 100):  # MLflow's limit of params per request
+            self.client.log_batch(run_id, params=new[i : i + 100])
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+        from mlflow.exceptions import MlflowException
+
+        now = int(time.time() * 1000)
+        fresh = {k: v for k, v in scalars.items() if step not in self.held.get(k, ())}
+        if len(fresh) < len(scalars) and not self.skipped:
+            log.warning("MLflow already holds iteration %d (before the resume); kept", step)
+            self.skipped = True
+        metrics = [Metric(k, float(v), now, step) for k, v in fresh.items()]
+        try:
+            for i in range(0, len(metrics), 1000):  # MLflow's limit of metrics per request
+                self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+        except MlflowException as exc:  # the client retried already; training goes on
+            log.warning(
+                "MLflow: iteration %d not logged (%s); metrics.jsonl holds it", step, exc.message
+            )
+            return
+        for k in fresh:
+            self.held.setdefault(k, set()).add(step)
+
+    def truncate_after(self, iteration: int) -> None:
+        pass  # the steps MLflow holds are known (`held`): none is sent twice
+
+    def close(self, failed: bool) -> None:
+        from mlflow.exceptions import MlflowException
+
+        status = "FAILED" if failed else "FINISHED"
+        try:
+            self.client.set_terminated(self.run_id, status)
+        except MlflowException as exc:  # must not hide the error a failed run is ending with
+            log.warning("MLflow: run %s not marked %s (%s)", self.run_id, status, exc.message)
+
+
+_PARAM_MAX = 6000  # characters of an MLflow param value
+_CREDENTIALS_IN_URI = (
+    "mlflow_tracking_uri (or $MLFLOW_TRACKING_URI) holds credentials (user:password@host);"
+    " remove them and set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or"
+    " MLFLOW_TRACKING_TOKEN) in the environment instead (a Secret on the cluster)"
+)
+
+
+def check_mlflow_uri(uri: str | None) -> None:
+    """ConfigError when an MLflow URI holds credentials (they would reach config.json and the
+    logs); the message does not show the URI."""
+    from envace.storage.uri import redact_url
+
+    if uri is not None and redact_url(uri) != uri:
+        raise ConfigError(_CREDENTIALS_IN_URI)
+
+
+def _cut(value: str) -> str:
+    return value if len(value) <= _PARAM_MAX else value[: _PARAM_MAX - 3] + "..."
+
+
 class MetricsLogger:
-    """Appends one JSON line per iteration; mirrors scalars to TensorBoard (and W&B if set)."""
+    """Appends one JSON line per iteration to metrics.jsonl, then mirrors its scalars to every
+    tracker: TensorBoard (OUT/tensorboard), MLflow and W&B when set."""
 
     def __init__(
         self,
@@ -73,41 +379,39 @@ class MetricsLogger:
         tensorboard: bool = True,
         wandb_project: str | None = None,
         config: Any = None,
+        *,
+        run: TrackedRun | None = None,
+        mlflow: MlflowTarget | None = None,
     ) -> None:
         self.path = out / "metrics.jsonl"
         self.tb_dir = out / "tensorboard"
         out.mkdir(parents=True, exist_ok=True)
-        self.tb: Any = None
-        self.wandb: Any = None
-        if tensorboard:
-            self.tb = self._writer(None)
-        if wandb_project:
-            try:
-                import wandb
-            except ImportError as exc:
-                from envace.errors import ConfigError
+        run = run or TrackedRun(str(out.resolve()))
+        self.trackers: list[Tracker] = []
+        try:
+            if tensorboard:
+                self.trackers.append(_TensorBoard(self.tb_dir))
+            if mlflow is not None:
+                self.trackers.append(MlflowTracker(mlflow, run, flat_params(config or {})))
+            if wandb_project:
+                self.trackers.append(_Wandb(wandb_project, run, config, out))
+        except BaseException:
+            self.close(failed=True)
+            raise
 
-                raise ConfigError(
-                    f"wandb_project: {wandb_project!r} is set but wandb is not installed; "
-                    "`pip install wandb` or unset wandb_project"
-                ) from exc
-            self.wandb = wandb.init(project=wandb_project, config=config, dir=str(out))
-
-    def _writer(self, purge_step: int | None) -> Any:
-        from torch.utils.tensorboard import SummaryWriter
-
-        return SummaryWriter(log_dir=str(self.tb_dir), purge_step=purge_step)
+    @classmethod
+    def from_config(cls, out: Path, cfg: Config, run: TrackedRun) -> MetricsLogger:
+        """The sinks `cfg` asks for (tensorboard, mlflow_*, wandb_project), for `run`."""
+        mlflow = MlflowTarget.from_config(cfg)
+        return cls(out, cfg.tensorboard, cfg.wandb_project, cfg.to_dict(), run=run, mlflow=mlflow)
 
     def truncate_after(self, iteration: int) -> None:
         """On resume from the checkpoint of `iteration`: its later iterations will be redone,
-        so neither sink may show them twice. metrics.jsonl keeps the records up to
-        `iteration`, one per iteration (a torn last line is cut, with a warning), rewritten
-        atomically. TensorBoard gets a fresh event file that starts with a purge marker
-        (SummaryWriter's purge_step): readers drop every earlier event at a later step, so
-        the steps of a killed attempt are hidden, however many kills there were."""
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = self._writer(iteration + 1)
+        so no sink may show them twice. metrics.jsonl keeps the records up to `iteration`, one
+        per iteration (a torn last line is cut, with a warning), rewritten atomically;
+        TensorBoard gets a purge marker; MLflow and W&B keep the values they already hold."""
+        for tracker in self.trackers:
+            tracker.truncate_after(iteration)
         if not self.path.exists():
             return
         from envace.tasks.io import atomic_write_text
@@ -130,18 +434,14 @@ class MetricsLogger:
         scalars = {
             k: v for k, v in record.items() if isinstance(v, int | float) and k != "iteration"
         }
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=step)
+        for tracker in self.trackers:
+            tracker.log(scalars, step)
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+    def close(self, failed: bool = False) -> None:
+        """Close every sink; `failed`: the run ended with an error (MLflow: FAILED)."""
+        for tracker in self.trackers:
+            tracker.close(failed)
+        self.trackers = []
 
 
 def plot_progress(records: Sequence[dict[str, Any]], evals: dict[str, float], path: Path) -> Path:
