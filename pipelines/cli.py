@@ -13,6 +13,7 @@ without the `pipelines` extra.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import tempfile
@@ -206,8 +207,29 @@ def compile_pipeline(options: PipelineOptions, out: Path) -> Path:
         staged = Path(scratch) / "pipeline.yaml"
         compiler.Compiler().compile(build_pipeline(options), str(staged))
         text = staged.read_text(encoding="utf-8")
-    atomic_write_text(out, text)
+    atomic_write_text(out, _stable_header(text))
     return out
+
+
+_HEADER_DEFAULT = re.compile(r"^(#    (\w+): (?:list|dict) \[Default: ).*\]$")
+
+
+def _stable_header(text: str) -> str:
+    """kfp's comment header prints list and dict defaults in protobuf map order, which changes
+    from one process to the next; print them as sorted JSON so a compile is reproducible (the
+    spec below is written with sorted keys already)."""
+    import yaml
+
+    spec = next(yaml.safe_load_all(text))
+    params = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if not line.startswith("#"):
+            break
+        if (match := _HEADER_DEFAULT.match(line)) and match[2] in params:
+            default = params[match[2]].get("defaultValue")
+            lines[i] = f"{match[1]}{json.dumps(default, sort_keys=True)}]"
+    return "\n".join(lines)
 
 
 def _compile(args: argparse.Namespace) -> int:

@@ -4,14 +4,17 @@ Rounds are unrolled when the pipeline is built (a Python loop): each rollout nee
 the train step before it wrote, a sequential dependency `dsl.ParallelFor` cannot express.
 
 Two kinds of settings:
-- compile time (`PipelineOptions`, the flags of `envace pipeline compile`): rounds, resources,
-  GPU count, GPU node selectors and tolerations, the /dev/shm size, the store-credentials Secret,
-  and the defaults of the run parameters below;
-- run time (pipeline parameters, editable in the Kubeflow UI): `config` (the whole config: JSON or YAML),
-  `store`, `store_endpoint`, `image`, `train_nodes`, `train_gpus_per_node`, `trainjob_runtime`,
-  `eval_rehearsal` (test-time rehearsal in the evaluate step: parallel:N | sequential:N, "" none).
+- compile time (`PipelineOptions`, the flags of `envace pipeline compile`): rounds, CPU and memory,
+  the /dev/shm size, the store-credentials Secret, and the defaults of the run parameters below;
+- run time (pipeline parameters, editable in the Kubeflow UI, each with its description there):
+  `config` (the whole config: JSON or YAML), `store`, `store_endpoint`, `image`, `gpus`,
+  `gpu_node_selector`, `gpu_tolerations` (kfp-kubernetes' JSON-parameter variants: a UI user
+  moves the model steps to a GPU pool without recompiling), `train_nodes`,
+  `train_gpus_per_node`, `trainjob_runtime`, `eval_rehearsal`.
 
-Prepare is cached (its outputs are a function of the config); every other step is not.
+Prepare is cached (its outputs are a function of the config); every other step is not. Warm
+start, rollout, train and evaluate retry (`RETRY`): each is safe to rerun (a committed output of
+the same inputs is reused, a foreign one refused).
 """
 
 from collections.abc import Mapping
@@ -44,6 +47,13 @@ DEFAULT_STORE_ENDPOINT = "http://envace-minio:9000"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Without explicit tolerations, GPU steps tolerate the taint GPU node pools commonly carry.
 DEFAULT_GPU_TOLERATIONS = (Toleration(key=GPU_RESOURCE, effect="NoSchedule"),)
+# Retries of the model steps: a preempted node or a store hiccup costs a retry, not the run.
+RETRY = {
+    "num_retries": 2,
+    "backoff_duration": "60s",
+    "backoff_factor": 2.0,
+    "backoff_max_duration": "600s",
+}
 
 
 @dataclass(frozen=True)
@@ -104,18 +114,27 @@ def _common(task: Any, options: PipelineOptions, image: Any, name: str) -> None:
     )
 
 
-def _model_step(task: Any, options: PipelineOptions, image: Any, name: str) -> Any:
-    """A step that loads the model: resources, GPU pool placement, /dev/shm; never cached."""
+class Placement(NamedTuple):
+    """Where the model steps run: run parameters (pipeline channels) of the pipeline."""
+
+    gpus: Any
+    node_selector: Any
+    tolerations: Any
+
+
+def _model_step(
+    task: Any, options: PipelineOptions, image: Any, name: str, placement: Placement
+) -> Any:
+    """A step that loads the model: resources, GPU pool placement (from run parameters),
+    /dev/shm, retries; never cached."""
     _common(task, options, image, name)
     task.set_caching_options(False)
+    task.set_retry(**RETRY)
     task.set_cpu_request(options.cpu).set_cpu_limit(options.cpu)
     task.set_memory_request(options.memory).set_memory_limit(options.memory)
-    if options.gpus > 0:
-        task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(options.gpus)
-    for key, value in options.gpu_node_selector.items():
-        kubernetes.add_node_selector(task, label_key=key, label_value=value)
-    for toleration in options.tolerations:
-        kubernetes.add_toleration(task, **_toleration_args(toleration))
+    task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(placement.gpus)
+    kubernetes.add_node_selector_json(task, node_selector_json=placement.node_selector)
+    kubernetes.add_toleration_json(task, toleration_json=placement.tolerations)
     # NCCL and vLLM workers exchange data through shared memory; a container's default is 64 MiB.
     kubernetes.empty_dir_mount(
         task,
@@ -141,6 +160,9 @@ def build_pipeline(options: PipelineOptions) -> Any:
     """The pipeline for `options` (a KFP graph component: compile it, or call it under
     `kfp.local`)."""
 
+    default_selector = dict(options.gpu_node_selector)
+    default_tolerations = [_toleration_args(t) for t in options.tolerations]
+
     @dsl.pipeline(  # type: ignore[untyped-decorator]
         name=PIPELINE_NAME,
         description="EnvACE: train a tool-use agent with world rehearsal (role-wise GRPO): "
@@ -151,12 +173,37 @@ def build_pipeline(options: PipelineOptions) -> Any:
         store: str = options.store,
         store_endpoint: str = options.store_endpoint,
         image: str = options.image,
+        gpus: int = options.gpus,
+        gpu_node_selector: dict = default_selector,  # type: ignore[type-arg]  # KFP reads bare dict as STRUCT
+        gpu_tolerations: list = default_tolerations,  # type: ignore[type-arg]  # bare list: LIST
         train_nodes: int = 1,
         train_gpus_per_node: int = options.gpus,
         trainjob_runtime: str = "envace",
         eval_rehearsal: str = "",
     ) -> PipelineOutputs:
+        """Train a tool-use agent with world rehearsal.
+
+        Args:
+            config: The whole EnvACE config as JSON or YAML (docs/configuration: `envace config
+                show` prints every field with its meaning); the default is the compiled one.
+            store: Where every artifact goes: minio://BUCKET/PREFIX or s3://BUCKET/PREFIX.
+            store_endpoint: The S3 endpoint of the store, e.g. http://envace-minio:9000.
+            image: The container image of every step (envace-cpu or envace-gpu, docker/).
+            gpus: GPUs of each model step (warm start, rollout, train, evaluate); 0 for CPU.
+            gpu_node_selector: Node labels the model steps must run on, as a JSON object, e.g.
+                {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}; {} for any node.
+            gpu_tolerations: Taints the model steps tolerate, as a JSON list of Kubernetes
+                tolerations, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists",
+                "effect": "NoSchedule"}].
+            train_nodes: Nodes of each train step; more than 1 runs it as a Kubeflow Trainer
+                TrainJob (torchrun + DeepSpeed across nodes).
+            train_gpus_per_node: GPUs per node of a multi-node train step's TrainJob.
+            trainjob_runtime: The TrainingRuntime multi-node train steps use (charts/envace).
+            eval_rehearsal: Test-time rehearsal in the evaluate step: parallel:N, sequential:N,
+                or empty for committed execution only.
+        """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        placement = Placement(gpus, gpu_node_selector, gpu_tolerations)
         common = {"config": config, "store": store, "store_endpoint": store_endpoint}
         prep = prepare(**common)
         _common(prep, options, image, "prepare")
@@ -170,7 +217,7 @@ def build_pipeline(options: PipelineOptions) -> Any:
             checkpoint_uri=prep.outputs["checkpoint_uri"],
             tasks_uri=tasks_uri,
         )
-        checkpoint = _model_step(ws, options, image, "warm start").output
+        checkpoint = _model_step(ws, options, image, "warm start", placement).output
         for it in range(options.rounds):
             ro = rollout(
                 **common,
@@ -179,7 +226,7 @@ def build_pipeline(options: PipelineOptions) -> Any:
                 tasks_uri=tasks_uri,
                 iteration=it,
             )
-            _model_step(ro, options, image, f"rollout {it + 1}")
+            _model_step(ro, options, image, f"rollout {it + 1}", placement)
             tr = train(
                 **common,
                 run_id=run_id,
@@ -192,7 +239,8 @@ def build_pipeline(options: PipelineOptions) -> Any:
                 trainjob_runtime=trainjob_runtime,
                 image=image,
             )
-            checkpoint = _model_step(tr, options, image, f"train {it + 1}").outputs["Output"]
+            step = _model_step(tr, options, image, f"train {it + 1}", placement)
+            checkpoint = step.outputs["Output"]
         ev = evaluate(
             **common,
             run_id=run_id,
@@ -200,7 +248,7 @@ def build_pipeline(options: PipelineOptions) -> Any:
             tasks_uri=tasks_uri,
             rehearsal=eval_rehearsal,
         )
-        _model_step(ev, options, image, "evaluate")
+        _model_step(ev, options, image, "evaluate", placement)
         return PipelineOutputs(checkpoint, ev.outputs["Output"])
 
     return envace_pipeline

@@ -38,6 +38,8 @@ _PARAM_TYPES: dict[str, tuple[type, str]] = {
     "NUMBER_INTEGER": (int, "an integer"),
     "NUMBER_DOUBLE": (float, "a number"),
     "BOOLEAN": (bool, "true or false"),
+    "STRUCT": (dict, 'a JSON object, e.g. {"pool": "gpu"}'),
+    "LIST": (list, 'a JSON list, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists"}]'),
 }
 # `submit`: seconds the KFP API gets to accept a connection, then to answer its health check
 # (a port-forward whose far end is gone accepts connections and never answers).
@@ -115,6 +117,14 @@ def _coerce_param(name: str, text: str, kind: str) -> Any:
         if text.lower() not in ("true", "false"):
             raise UserInputError(f"--param {name}={text}: expected {what}")
         return text.lower() == "true"
+    if convert in (dict, list):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, convert):
+            raise UserInputError(f"--param {name}={text}: expected {what}") from None
+        return value
     try:
         return convert(text)
     except ValueError:

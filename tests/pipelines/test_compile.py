@@ -15,6 +15,8 @@ from envace.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "pipelines" / "envace_pipeline.yaml"
+CHECKED_IN_FLAGS = ("--gpus=1", "--image=envace-gpu:0.1.0", "--memory=64Gi", "--cpu=8")
+GPUS_PARAM = "{{$.inputs.parameters['pipelinechannel--gpus']}}"
 SECRET_ENV = [
     {"envVar": "ENVACE_S3_ACCESS_KEY", "secretKey": "access-key"},
     {"envVar": "ENVACE_S3_SECRET_KEY", "secretKey": "secret-key"},
@@ -144,7 +146,8 @@ def test_resources_and_gpus_of_model_steps(gpu_pipeline: tuple[Any, Any]) -> Non
             assert resources["resourceMemoryLimit"] == "4Gi"
             continue
         assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu", task
-        assert resources["accelerator"]["resourceCount"] == "2"
+        # the GPU count is the run parameter `gpus` (its default: the compile flag)
+        assert resources["accelerator"]["resourceCount"] == GPUS_PARAM
         assert resources["resourceCpuRequest"] == resources["resourceCpuLimit"] == "12"
         assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == "96Gi"
 
@@ -183,13 +186,12 @@ def test_gpu_placement_and_shm_on_model_steps_only(gpu_pipeline: tuple[Any, Any]
         if task == "prepare":
             assert not {"nodeSelector", "tolerations", "emptyDirMounts"} & set(executor)
             continue
-        assert executor["nodeSelector"]["labels"] == {
-            "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
-            "pool": "train",
+        # run parameters (kfp-kubernetes' JSON variants): a UI user moves the steps to a pool
+        assert executor["nodeSelector"] == {
+            "nodeSelectorJson": {"componentInputParameter": "gpu_node_selector"}
         }
         assert executor["tolerations"] == [
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-            {"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoExecute"},
+            {"tolerationJson": {"componentInputParameter": "gpu_tolerations"}}
         ]
         assert executor["emptyDirMounts"] == [
             {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory", "sizeLimit": "32Gi"}
@@ -204,6 +206,9 @@ def test_run_parameters_and_their_defaults(gpu_pipeline: tuple[Any, Any]) -> Non
         "store": "STRING",
         "store_endpoint": "STRING",
         "image": "STRING",
+        "gpus": "NUMBER_INTEGER",
+        "gpu_node_selector": "STRUCT",
+        "gpu_tolerations": "LIST",
         "train_nodes": "NUMBER_INTEGER",
         "train_gpus_per_node": "NUMBER_INTEGER",
         "trainjob_runtime": "STRING",
@@ -214,6 +219,19 @@ def test_run_parameters_and_their_defaults(gpu_pipeline: tuple[Any, Any]) -> Non
     assert inputs["store"]["defaultValue"] == "minio://envace/runs"
     assert inputs["store_endpoint"]["defaultValue"] == "http://envace-minio:9000"
     assert inputs["train_nodes"]["defaultValue"] == 1
+    assert inputs["gpus"]["defaultValue"] == 2
+    assert inputs["gpu_node_selector"]["defaultValue"] == {
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+        "pool": "train",
+    }
+    assert inputs["gpu_tolerations"]["defaultValue"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoExecute"},
+    ]
+    # every parameter is described in the UI (the pipeline's docstring)
+    undocumented = [k for k, v in inputs.items() if len(v.get("description", "")) < 20]
+    assert not undocumented, undocumented
+    assert "JSON list of Kubernetes" in inputs["gpu_tolerations"]["description"]
     assert inputs["train_gpus_per_node"]["defaultValue"] == 2
     train = _tasks(spec)["train-3"]["inputs"]["parameters"]
     assert train["nodes"]["componentInputParameter"] == "train_nodes"
@@ -236,19 +254,35 @@ def test_eval_rehearsal_reaches_the_evaluate_step_only(gpu_pipeline: tuple[Any, 
     assert "stages.evaluate(cfg, checkpoint_uri, tasks_uri, out_uri, rehearsal=rehearsal)" in body
 
 
-def test_cpu_default_has_no_gpu_and_no_tolerations(tmp_path: Path) -> None:
-    spec, executors = _compile(tmp_path)
-    for task in _tasks(spec):
-        assert "accelerator" not in _container(spec, task)["resources"]
-    assert not any("tolerations" in e or "nodeSelector" in e for e in executors.values())
+def test_model_steps_retry_and_prepare_is_cached_instead(gpu_pipeline: tuple[Any, Any]) -> None:
+    spec, _ = gpu_pipeline
+    for name, task in _tasks(spec).items():
+        if name == "prepare":
+            assert "retryPolicy" not in task
+            continue
+        assert task["retryPolicy"] == {
+            "maxRetryCount": 2,
+            "backoffDuration": "60s",
+            "backoffFactor": 2.0,
+            "backoffMaxDuration": "600s",
+        }, name
+
+
+def test_cpu_default_asks_for_no_gpu_and_no_tolerations(tmp_path: Path) -> None:
+    spec, _executors = _compile(tmp_path)
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["gpus"]["defaultValue"] == 0
+    assert inputs["gpu_node_selector"]["defaultValue"] == {}
+    assert inputs["gpu_tolerations"]["defaultValue"] == []
+    assert "accelerator" not in _container(spec, "prepare")["resources"]
     assert sorted(_tasks(spec)) == sorted(
         ["prepare", "warm-start", "rollout", "rollout-2", "train", "train-2", "evaluate"]
     )
 
 
 def test_gpus_without_tolerations_tolerate_the_gpu_taint(tmp_path: Path) -> None:
-    _spec, executors = _compile(tmp_path, "--gpus=1", "--rounds=0")
-    assert executors["exec-evaluate"]["tolerations"] == [
+    spec, executors = _compile(tmp_path, "--gpus=1", "--rounds=0")
+    assert spec["root"]["inputDefinitions"]["parameters"]["gpu_tolerations"]["defaultValue"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
     assert set(executors) == {"exec-prepare", "exec-warm-start", "exec-evaluate"}
@@ -272,9 +306,11 @@ def test_bad_compile_flags_are_user_errors(
 
 
 def test_checked_in_pipeline_is_the_current_compile_output(tmp_path: Path) -> None:
+    """The checked-in package is the GPU one (a UI user changes `gpus` and the placement at run
+    time; `gpus=0` runs it on CPU)."""
     fresh = tmp_path / "envace_pipeline.yaml"
-    assert main(["pipeline", "compile", "--out", str(fresh)]) == 0
+    assert main(["pipeline", "compile", "--out", str(fresh), *CHECKED_IN_FLAGS]) == 0
     assert CHECKED_IN.read_text() == fresh.read_text(), (
-        "pipelines/envace_pipeline.yaml is stale: run "
-        "`envace pipeline compile --out pipelines/envace_pipeline.yaml` and commit the result"
+        "pipelines/envace_pipeline.yaml is stale: run `envace pipeline compile --out "
+        f"pipelines/envace_pipeline.yaml {' '.join(CHECKED_IN_FLAGS)}` and commit the result"
     )

@@ -159,7 +159,13 @@ def test_submit_starts_a_run_with_typed_parameters(
 @pytest.mark.parametrize(
     ("param", "message"),
     [
-        ("rounds=3", "no such parameter; it takes config, eval_rehearsal, image, store"),
+        ("rounds=3", "no such parameter; it takes config, eval_rehearsal, gpu_node_selector, gpu"),
+        ("gpus=two", "--param gpus=two: expected an integer"),
+        (
+            "gpu_node_selector=pool=gpu",
+            "--param gpu_node_selector=pool=gpu: expected a JSON object",
+        ),
+        ("gpu_tolerations={}", "--param gpu_tolerations={}: expected a JSON list"),
         ("train_nodes=two", "--param train_nodes=two: expected an integer"),
         ("store", "expected KEY=VALUE"),
         ("train_nodes=-3", "--param train_nodes=-3: must be 1 or more"),
@@ -195,6 +201,20 @@ def test_good_rehearsal_values_pass_as_the_step_reads_them(value: str) -> None:
     inputs = {"eval_rehearsal": "STRING"}
     assert pipeline_submit.parse_params([f"eval_rehearsal={value}"], inputs) == {
         "eval_rehearsal": value
+    }
+
+
+def test_placement_parameters_pass_as_json_values() -> None:
+    inputs = {"gpus": "NUMBER_INTEGER", "gpu_node_selector": "STRUCT", "gpu_tolerations": "LIST"}
+    items = [
+        "gpus=8",
+        'gpu_node_selector={"pool": "h100"}',
+        'gpu_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]',
+    ]
+    assert pipeline_submit.parse_params(items, inputs) == {
+        "gpus": 8,
+        "gpu_node_selector": {"pool": "h100"},
+        "gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
     }
 
 
