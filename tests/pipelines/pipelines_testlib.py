@@ -10,7 +10,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from cluster_testlib import FakeApiServer, FakeCluster, _Handler, write_kubeconfig
+from cluster_testlib import _TRAINJOB, FakeApiServer, FakeCluster, _Handler, write_kubeconfig
 
 
 # --- fake Kubernetes API with pods, logs and a stand-in Trainer controller --------------------
@@ -24,6 +24,9 @@ class FakeTrainer:
     logs: dict[str, str] = field(default_factory=dict)
     on_start: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
     errors: list[BaseException] = field(default_factory=list)
+    # The nodes of each started TrainJob, running `on_start` in the background (a real job runs
+    # after the API has answered): until they finish, the job reads as pending.
+    nodes: dict[str, threading.Thread] = field(default_factory=dict)
 
     @property
     def cluster(self) -> FakeCluster:
@@ -58,13 +61,24 @@ class _TrainerHandler(_Handler):
             if parts[4] == "pods" and len(parts) == 7 and parts[6] == "log":
                 job = parts[5].split("-node-")[0]
                 return 200, self.trainer.logs.get(job, "").encode()
+        match = _TRAINJOB.match(path)
+        running = match and (node := self.trainer.nodes.get(match["name"] or "")) is not None
+        if method == "GET" and running and node.is_alive():
+            return 200, {**self.cluster.trainjobs[match["name"]], "status": {}}  # pending
         code, payload = super()._route(method, path, body)
         if method == "POST" and parts[-1] == "configmaps" and self.trainer.on_start is not None:
             owner = body["metadata"]["ownerReferences"][0]["name"]
-            try:
-                self.trainer.on_start(self.cluster.trainjobs[owner], body)
-            except BaseException as exc:  # surfaced by the test, not lost in the server thread
-                self.trainer.errors.append(exc)
+            start, trainjob = self.trainer.on_start, self.cluster.trainjobs[owner]
+
+            def run_nodes() -> None:
+                try:
+                    start(trainjob, body)
+                except BaseException as exc:  # surfaced by the test, not lost in this thread
+                    self.trainer.errors.append(exc)
+
+            node = threading.Thread(target=run_nodes, name=f"nodes-{owner}", daemon=True)
+            self.trainer.nodes[owner] = node
+            node.start()
         return code, payload
 
 
@@ -81,6 +95,8 @@ def serve_fake_trainer(tmp_path: Path) -> Iterator[FakeTrainer]:
     try:
         yield trainer
     finally:
+        for node in trainer.nodes.values():
+            node.join(timeout=300)
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
