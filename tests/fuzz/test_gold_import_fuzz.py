@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from envace.errors import UserInputError
@@ -24,18 +24,9 @@ from envace.tasks.generate import write_splits
 from envace.tasks.importer import read_reference
 from envace.tasks.io import task_to_dict, write_tasks_jsonl
 from envace.tasks.loader import REFERENCE_ROLES, load_gold, load_tasks
-from tests.helpers.mutations import mutate
+from tests.helpers.mutations import FUZZ_SETTINGS, mutate
 
 FIXTURES = Path(__file__).parents[1] / "tasks" / "fixtures"
-_SETTINGS = settings(
-    max_examples=60,
-    deadline=3000,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
 
 
 def _gold_pool() -> list[dict[str, Any]]:
@@ -60,7 +51,7 @@ def _clear_refusal(err: UserInputError, path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-@_SETTINGS
+@FUZZ_SETTINGS
 @given(data=st.data())
 def test_a_mutated_gold_file_is_refused_clearly_or_holds_chat_messages(
     tmp_path: Path, data: st.DataObject
@@ -81,7 +72,7 @@ def test_a_mutated_gold_file_is_refused_clearly_or_holds_chat_messages(
 
 
 @pytest.mark.timeout(120)
-@_SETTINGS
+@FUZZ_SETTINGS
 @given(data=st.data())
 def test_a_mutated_reference_file_is_refused_clearly_or_imports_valid_tasks(
     tmp_path: Path, data: st.DataObject

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from envace.errors import UserInputError
@@ -28,7 +28,7 @@ from envace.rollout.policies import OraclePolicy, RandomPolicy
 from envace.tasks.generate import write_splits
 from envace.tasks.io import task_to_dict, write_tasks_jsonl
 from envace.tasks.loader import TaskFormatError, load_tasks
-from tests.helpers.mutations import mutate
+from tests.helpers.mutations import FUZZ_SETTINGS, mutate
 
 FIXTURES = Path(__file__).parents[1] / "tasks" / "fixtures"
 CONFIG = RolloutConfig(max_steps_per_turn=3)
@@ -77,15 +77,7 @@ def _runs_cleanly(path: Path, tmp: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-@settings(
-    max_examples=60,
-    deadline=3000,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+@FUZZ_SETTINGS
 @given(line=_mutated_line())
 def test_a_mutated_task_is_refused_clearly_or_runs(tmp_path: Path, line: str) -> None:
     path = tmp_path / "fuzz.jsonl"

@@ -7,9 +7,21 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-__all__ = ["SCHEMAS", "VALUES", "mutate", "parent_of", "paths"]
+__all__ = ["FUZZ_SETTINGS", "SCHEMAS", "VALUES", "mutate", "parent_of", "paths"]
+
+# Every fuzz suite: 60 examples of at most 3 s each (a few minutes in all on 2 cores).
+FUZZ_SETTINGS = settings(
+    max_examples=60,
+    deadline=3000,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 def _deep(levels: int) -> Any:
