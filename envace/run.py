@@ -239,23 +239,16 @@ def rollout_policy(
     return ModelPolicy(backend, ChatRenderer(tokenizer, cfg.model.enable_thinking), True)
 
 
-def push_weights(policy: Any, engine: TrainingEngine, model: Any) -> float:
-    """After an update: a vLLM policy loads the trained weights in place (a transformers policy
-    already generates with them); the seconds it took."""
-    load = getattr(getattr(policy, "backend", None), "load_weights", None)
-    if load is None:
+def push_weights(policy: ModelPolicy, engine: TrainingEngine) -> float:
+    """After an update: a backend with its own copy of the weights (vLLM) loads the trained
+    ones in place (a transformers policy already generates with them); the seconds it took."""
+    if policy.backend.shares_trainer_weights:
         return 0.0
     t0 = time.perf_counter()
-    full = getattr(engine, "full_state_dict", None)
-    state = full() if full is not None else model.state_dict()
-    load(state.items())
+    state = engine.full_state_dict()
+    if state is not None:
+        policy.backend.load_weights(state.items())
     return time.perf_counter() - t0
-
-
-def close_policy(policy: Any) -> None:
-    close = getattr(getattr(policy, "backend", None), "close", None)
-    if close is not None:
-        close()
 
 
 def evaluate_model(
@@ -505,7 +498,7 @@ def rl_stage(
             sim_policy,
         )
     finally:
-        close_policy(policy)
+        policy.close()
 
 
 def _rl_loop(
@@ -545,7 +538,7 @@ def _rl_loop(
     )
     for it in bar:
         rec = trainer.iteration(it)
-        rec["time/weight_sync_s"] = push_weights(policy, learners[0].engine, model)
+        rec["time/weight_sync_s"] = push_weights(policy, learners[0].engine)
         if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
             with trainer.generation_ready():
                 if info.is_main:

@@ -450,7 +450,7 @@ def _revealed(e: Episode) -> _Revealed:
 def check_can_rehearse(policy: Policy, what: str) -> None:
     """Refuse a policy whose simulator role executes anything real (the synthetic oracle
     replays calls in a copy of the real world): its "imagined" results would be real ones."""
-    if not getattr(policy, "rehearses_privately", True):
+    if not policy.rehearses_privately:
         raise UserInputError(
             f"{what}: this policy cannot rehearse privately: its simulator role executes the "
             "calls in a copy of the real world, so its notes would hold real results; rehearse "

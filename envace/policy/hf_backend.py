@@ -27,7 +27,7 @@ import torch
 
 from envace.errors import UserInputError
 from envace.policy.static_decode import StaticDecoder, static_decode_supported
-from envace.policy.types import Generation, SamplingParams, check_prompts
+from envace.policy.types import Generation, GenerationBackend, SamplingParams, check_prompts
 
 __all__ = [
     "BF16_MIN_SPEEDUP",
@@ -240,7 +240,7 @@ def _processors(params: SamplingParams, recorder: Any = None) -> Any:
     return LogitsProcessorList([*out, recorder] if recorder is not None else out)
 
 
-class TransformersBackend:
+class TransformersBackend(GenerationBackend):
     """`GenerationBackend` over a causal LM already in memory (shared with the trainer)."""
 
     def __init__(
@@ -331,7 +331,9 @@ class TransformersBackend:
             )
             seqs = seqs[:, width:]  # (B, T_new)
             tok_logp = recorder.finish(seqs)
-        return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
+        return [
+            self.sampled(seqs[b].cpu().tolist(), tok_logp[b].tolist()) for b in range(len(prompts))
+        ]
 
     def _generate_static(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -357,7 +359,9 @@ class TransformersBackend:
         warpers = _processors(params)
         with self._decoding():
             seqs, tok_logp = self.static.generate(plan, params, lambda s: warpers(None, s))
-        return [self._to_generation(seqs[b], tok_logp[b]) for b in range(len(prompts))]
+        return [
+            self.sampled(seqs[b].cpu().tolist(), tok_logp[b].tolist()) for b in range(len(prompts))
+        ]
 
     @contextlib.contextmanager
     def _decoding(self) -> Iterator[None]:
@@ -370,8 +374,3 @@ class TransformersBackend:
                 yield
         finally:
             self.model.train(was_training)
-
-    def _to_generation(self, seq: torch.Tensor, logps: torch.Tensor) -> Generation:
-        gen = Generation.sampled(seq.cpu().tolist(), logps.tolist(), self.eos_id, self.tokenizer)
-        self.generated_tokens += len(gen.token_ids)
-        return gen

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -89,15 +89,43 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> bool:
     return len(prompts) > 0
 
 
-@runtime_checkable
 class GenerationBackend(Protocol):
-    """Token-in / token-out generation: the policy's engine (transformers now; vLLM later)."""
+    """Token-in / token-out generation: the policy's engine (transformers, vLLM).
+
+    Backends subclass it: the optional abilities below have defaults that fit a backend
+    generating with the trainer's own model object, so callers never probe for them."""
+
+    tokenizer: Any
+    eos_id: int
+    generated_tokens: int  # running count of sampled tokens (throughput metrics)
+    # False: the backend holds its own copy of the weights, and `load_weights` must follow
+    # every update; True: it generates with the trainer's model object, updates reach it at once
+    shares_trainer_weights: bool = True
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         """Continue each prompt (token ids) once. Same order as `prompts`."""
         ...
+
+    def load_weights(self, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Load trained weights, (Hugging Face name, tensor) pairs, into the backend's copy
+        (a backend sharing the trainer's weights already has them: nothing to do)."""
+        return None
+
+    def release(self) -> None:
+        """Free the decoding state kept between calls (caches, graphs); the next call rebuilds."""
+        return None
+
+    def close(self) -> None:
+        """Stop what serves generation (an engine, a worker process)."""
+        return None
+
+    def sampled(self, ids: list[int], logprobs: Sequence[float]) -> Generation:
+        """A raw sample as a `Generation` (see `Generation.sampled`), counted."""
+        gen = Generation.sampled(ids, logprobs, self.eos_id, self.tokenizer)
+        self.generated_tokens += len(gen.token_ids)
+        return gen
 
 
 @runtime_checkable

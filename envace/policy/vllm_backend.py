@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from envace.errors import ConfigError, EnvaceError
-from envace.policy.types import Generation, SamplingParams, check_prompts
+from envace.policy.types import Generation, GenerationBackend, SamplingParams, check_prompts
 
 __all__ = ["VLLMBackend", "VLLMError", "VLLMOptions", "VLLMTimeout"]
 
@@ -355,8 +355,10 @@ def _local_checkpoint(checkpoint: str | Path, cache_dir: Path | None) -> Path:
     return local
 
 
-class VLLMBackend:
+class VLLMBackend(GenerationBackend):
     """`GenerationBackend` over a vLLM engine loaded from a checkpoint."""
+
+    shares_trainer_weights = False
 
     def __init__(
         self,
@@ -402,12 +404,7 @@ class VLLMBackend:
         else:
             assert self._engine is not None
             raw = self._engine.generate(plain, wire, self.eos_id)
-        return [self._to_generation(r["token_ids"], r["logprobs"]) for r in raw]
-
-    def _to_generation(self, ids: list[int], logprobs: list[float]) -> Generation:
-        gen = Generation.sampled(ids, logprobs, self.eos_id, self.tokenizer)
-        self.generated_tokens += len(gen.token_ids)
-        return gen
+        return [self.sampled(r["token_ids"], r["logprobs"]) for r in raw]
 
     # --- weights ------------------------------------------------------------------------------
     def update_weights(self, checkpoint: str | Path) -> None:

@@ -49,14 +49,28 @@ class GenRequest:
 
 
 class Policy(Protocol):
-    """Writes generations. `renderer` is None for policies that do not read token ids."""
+    """Writes generations. `renderer` is None for policies that do not read token ids.
+
+    Policies subclass it: the optional abilities below have defaults that fit a policy keeping
+    nothing between calls, so callers never probe for them."""
 
     renderer: ChatRenderer | None
     trainable: bool
+    # False: its simulator role executes calls in a copy of the real world (the oracle), so
+    # it cannot rehearse privately at test time
+    rehearses_privately: bool = True
 
     def generate(
         self, requests: Sequence[GenRequest], params: SamplingParams
     ) -> list[Generation]: ...
+
+    def release(self) -> None:
+        """Free the decoding state kept between calls (the update needs the memory)."""
+        return None
+
+    def close(self) -> None:
+        """Stop what serves generation (an engine, a worker process)."""
+        return None
 
 
 def _text_generation(text: str, renderer: ChatRenderer | None) -> Generation:
@@ -67,7 +81,7 @@ def _text_generation(text: str, renderer: ChatRenderer | None) -> Generation:
     return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop")
 
 
-class ModelPolicy:
+class ModelPolicy(Policy):
     """A language model behind a token-level backend (transformers now, vLLM later)."""
 
     def __init__(
@@ -81,13 +95,13 @@ class ModelPolicy:
         return self.backend.generate([r.prompt_ids for r in requests], params)
 
     def release(self) -> None:
-        """Free the backend's decoding state kept between calls (if it keeps any)."""
-        release = getattr(self.backend, "release", None)
-        if release is not None:
-            release()
+        self.backend.release()
+
+    def close(self) -> None:
+        self.backend.close()
 
 
-class ChatPolicy:
+class ChatPolicy(Policy):
     """A model behind an OpenAI-compatible endpoint (the external simulator baseline)."""
 
     renderer: ChatRenderer | None = None
@@ -112,7 +126,7 @@ def _request_params(req: GenRequest, params: SamplingParams) -> SamplingParams:
     return dataclasses.replace(params, seed=params.seed + req.episode.sample_index)
 
 
-class OraclePolicy:
+class OraclePolicy(Policy):
     """Perfect play, for checking the pipeline end to end (it must score 1.0).
 
     Caller: issues the current turn's expected calls one per message, then answers with the
@@ -145,7 +159,7 @@ class OraclePolicy:
         return f"<execution_result>\n{json.dumps(result, ensure_ascii=False)}\n</execution_result>"
 
 
-class RandomPolicy:
+class RandomPolicy(Policy):
     """Uniformly random play: a floor for every metric (it should score about 0)."""
 
     trainable = False

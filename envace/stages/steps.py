@@ -22,7 +22,6 @@ from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
 from envace.run import (
     RunPaths,
-    close_policy,
     collective_timeout,
     init_model,
     load_splits,
@@ -165,7 +164,7 @@ def rollout(
             )
             rows, metrics = trainer.collect(iteration)
         finally:
-            close_policy(policy)
+            policy.close()
         out = tmp / "out"
         write_rows(rows, out)
         meta = {"iteration": iteration, "checkpoint": checkpoint_uri, "tasks": tasks_uri}

@@ -22,7 +22,7 @@ the top layers, the same code as `TorchEngine`'s, `envace/train/adapters.py`) co
 
 Checkpoints: `save_model(dir)` writes Hugging Face weights gathered from the ZeRO-3 shards (LoRA
 merged in; rank 0 writes) plus DeepSpeed's own state under `dir/deepspeed/` (fp32 master weights,
-optimizer moments, scheduler; each rank writes its shard) so `load_checkpoint(dir)` resumes
+optimizer moments, scheduler; each rank writes its shard) so `load_sharded_state(dir)` resumes
 exactly. DeepSpeed is imported when an engine is built, never at module import.
 """
 
@@ -61,7 +61,7 @@ from envace.train.distributed import (
     barrier,
     init_process_group,
 )
-from envace.train.engine import lr_lambda
+from envace.train.engine import TrainingEngine, lr_lambda
 
 if TYPE_CHECKING:
     from envace.config import Config
@@ -295,10 +295,11 @@ def compile_decoder_layers(model: Any) -> int:
     return len(layers)
 
 
-class DeepSpeedEngine:
+class DeepSpeedEngine(TrainingEngine):
     """`TrainingEngine` over DeepSpeed ZeRO. Build one per process, on every rank."""
 
-    data_parallel = True  # RLTrainer may split rows across ranks (gradients are averaged)
+    data_parallel = True
+    shards_optimizer_state = True
 
     def __init__(self, model: Any, options: DeepSpeedOptions) -> None:
         import deepspeed
@@ -364,6 +365,10 @@ class DeepSpeedEngine:
         return int(self.ds.zero_optimization_stage())
 
     @property
+    def partitioned(self) -> bool:
+        return self.zero_stage == 3
+
+    @property
     def device(self) -> torch.device:
         return torch.device(self.ds.device)
 
@@ -396,7 +401,7 @@ class DeepSpeedEngine:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters only: optimizer and master weights are sharded across ranks and are saved
-        by `save_model` under `<dir>/deepspeed/` (restore them with `load_checkpoint`)."""
+        by `save_model` under `<dir>/deepspeed/` (restore them with `load_sharded_state`)."""
         return {
             "steps": self.steps,
             "zero_stage": self.zero_stage,
@@ -428,7 +433,7 @@ class DeepSpeedEngine:
         )
         barrier(f"save {out_dir}", self.options.timeout_s)
 
-    def load_checkpoint(self, ckpt_dir: Path) -> None:
+    def load_sharded_state(self, ckpt_dir: Path) -> None:
         """Collective: restore weights, optimizer and scheduler saved by `save_model`."""
         state_dir = Path(ckpt_dir) / _STATE_DIR
         if not (state_dir / _CHECKPOINT_TAG).is_dir():

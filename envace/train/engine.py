@@ -11,7 +11,9 @@ weights are always a plain Hugging Face checkpoint (LoRA merged in).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,7 +64,34 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 
 
 class TrainingEngine(Protocol):
+    """What the trainer calls. Engines subclass it: the optional abilities below have defaults
+    that fit an engine holding the whole model in one process, so callers never probe for them.
+    """
+
     model: Any  # the module generation uses (unwrapped)
+    # RLTrainer may split rows across ranks (gradients are averaged over them)
+    data_parallel: bool = False
+    # the optimizer state lives in shards beside the weights (`load_sharded_state` reads them)
+    shards_optimizer_state: bool = False
+
+    @property
+    def partitioned(self) -> bool:
+        """Each rank holds a shard of the weights only (ZeRO-3): no whole copy can be taken."""
+        return False
+
+    def generation_context(self) -> AbstractContextManager[None]:
+        """Collective: the weights ready for generation inside (gathered when partitioned)."""
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the whole model's weights with Hugging Face names (LoRA merged) on the
+        main rank, None on the others."""
+        return merged_state_dict(self.model)
+
+    def load_sharded_state(self, folder: Path) -> None:
+        """Collective: read the optimizer-state shards saved in `folder` (engines with
+        `shards_optimizer_state`; the others keep it all in `state_dict`: nothing to read)."""
+        return None
 
     def logprobs(self, mb: MicroBatch) -> torch.Tensor: ...
 
@@ -101,7 +130,7 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Any:
     return f
 
 
-class TorchEngine:
+class TorchEngine(TrainingEngine):
     """AdamW on one process. `total_steps` sizes the lr schedule. `trainable` (`train.trainable`)
     sets which parameters train before the optimizer is built; None takes the model as it comes
     (its `requires_grad` flags, adapters an earlier engine added: a save-only engine changes
@@ -193,10 +222,6 @@ class TorchEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under the plain model's names, LoRA merged (what vLLM loads)."""
-        return merged_state_dict(self.model)
 
     def save_weights(self, out_dir: Path, tokenizer: Any) -> None:
         """Hugging Face weights + tokenizer (the optimizer state lives in `state_dict`)."""

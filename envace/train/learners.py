@@ -133,15 +133,14 @@ def restore_learners(
     `folder/NAME/deepspeed`) and the RNG states; returns the iteration reached. A checkpoint
     written by the other train.engine is refused: its optimizer state would not fit."""
     for lr in learners:
-        load_checkpoint = getattr(lr.engine, "load_checkpoint", None)
         has_ds_state = (folder / lr.name / "deepspeed").is_dir()
-        if (load_checkpoint is not None) != has_ds_state:
+        if lr.engine.shards_optimizer_state != has_ds_state:
             raise ConfigError(
                 f"{where}: its optimizer state was written by another train.engine than this "
                 "run's; keep train.engine the same for every round of a run"
             )
-        if load_checkpoint is not None:
-            load_checkpoint(folder / lr.name)  # collective: every rank reads its shard
+        if lr.engine.shards_optimizer_state:
+            lr.engine.load_sharded_state(folder / lr.name)  # collective: every rank its shard
         lr.engine.load_state_dict(state["engines"][lr.name])
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])

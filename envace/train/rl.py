@@ -76,9 +76,7 @@ def generation_ready(engines: Iterable[TrainingEngine]) -> Iterator[None]:
     """The engines' weights ready for generation on every rank (gathered under ZeRO-3)."""
     with contextlib.ExitStack() as stack:
         for engine in engines:
-            ctx = getattr(engine, "generation_context", None)
-            if ctx is not None:
-                stack.enter_context(ctx())
+            stack.enter_context(engine.generation_context())
         yield
 
 
@@ -134,7 +132,7 @@ class RLTrainer:
         self.dist = dist_info()
         if self.dist.distributed:
             for learner in self.learners:
-                if not getattr(learner.engine, "data_parallel", False):
+                if not learner.engine.data_parallel:
                     raise ConfigError(
                         f"train.engine: {type(learner.engine).__name__} trains one process, but "
                         f"this is rank {self.dist.rank} of WORLD_SIZE={self.dist.world_size}; "
@@ -171,7 +169,7 @@ class RLTrainer:
         if a.kl_coef > 0 and (ref_model is not None or self.learners):
             import copy
 
-            if ref_model is None and getattr(self.learners[0].engine, "zero_stage", 0) == 3:
+            if ref_model is None and self.learners[0].engine.partitioned:
                 raise ConfigError(
                     "algo.kl_coef > 0 needs a frozen reference copy of the policy, which a "
                     "ZeRO-3-partitioned model cannot give; use zero_optimization.stage 2 or "
@@ -207,10 +205,9 @@ class RLTrainer:
         t0 = time.perf_counter()
         with self.generation_ready():
             local = self.engine.run(mine, n=cfg.rollout.n) if mine else []
-        for policy in (self.engine.policy, self.engine.simulator):
-            release = getattr(policy, "release", None)  # decode caches: the update needs the memory
-            if release is not None and not cfg.rollout.keep_decode_cache:
-                release()
+        if not cfg.rollout.keep_decode_cache:  # decode caches: the update needs the memory
+            for policy in (self.engine.policy, self.engine.simulator):
+                policy.release()
         t_rollout = time.perf_counter() - t0
         trajs = [t for part in gather_objects(local) for t in part]
         rows, adv_metrics = self._advantages(trajs)

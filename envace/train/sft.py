@@ -26,7 +26,7 @@ from envace.policy.chat import ChatRenderer, format_assistant_response
 from envace.policy.types import Generation, SamplingParams, ToolCall
 from envace.rollout.engine import RolloutConfig, RolloutEngine
 from envace.rollout.grading import TaskGrader
-from envace.rollout.policies import GenRequest
+from envace.rollout.policies import GenRequest, Policy
 from envace.rollout.types import Role
 from envace.tasks.model import Task
 from envace.train.batch import TrainRow, make_micro_batches, pack_prefix_rows
@@ -57,7 +57,7 @@ def _gold_steps(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[
     return caller, tools
 
 
-class GoldPolicy:
+class GoldPolicy(Policy):
     """Replays gold conversations (keyed by task id) as a policy for both roles."""
 
     trainable = True

@@ -41,7 +41,7 @@ from envace.evaluate.bfcl.adapter import model_context
 from envace.policy.chat import ChatRenderer, format_assistant_response
 from envace.policy.types import Generation, SamplingParams, ToolCall
 from envace.rollout.engine import RolloutConfig
-from envace.rollout.policies import GenRequest
+from envace.rollout.policies import GenRequest, Policy
 from envace.rollout.types import EndReason, Trajectory
 from envace.tasks.model import Task
 
@@ -333,7 +333,7 @@ def test_earlier_messages_of_the_question_stay_in_order(worker: BfclWorker) -> N
     assert episode.valid  # no call is the right answer
 
 
-class _Scripted:
+class _Scripted(Policy):
     """Answers each caller request with `script(request)`: a test double for a model."""
 
     trainable = False

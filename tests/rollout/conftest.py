@@ -9,13 +9,13 @@ import pytest
 
 from envace.policy.chat import ChatRenderer
 from envace.policy.types import Generation, SamplingParams
-from envace.rollout.policies import GenRequest
+from envace.rollout.policies import GenRequest, Policy
 from envace.tasks.generate import generate_splits
 from envace.tasks.io import task_from_dict
 from envace.tasks.model import Task
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """Answers each request with `script(request)`; tokenised when a renderer is given."""
 
     def __init__(

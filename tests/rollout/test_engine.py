@@ -9,7 +9,7 @@ from envace.policy.chat import ChatRenderer, format_assistant_response
 from envace.policy.types import Generation, SamplingParams, ToolCall
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnContext, TurnGrade
 from envace.rollout.grading import TaskGrader
-from envace.rollout.policies import GenRequest, OraclePolicy
+from envace.rollout.policies import GenRequest, OraclePolicy, Policy
 from envace.rollout.types import EndReason, Role
 from envace.tasks.model import Task
 
@@ -164,7 +164,7 @@ def test_rows_keep_the_generated_token_ids(train_tasks: list[Task], tiny_tokeniz
     char_ids = [i for ch in text for i in r.encode(ch)] + [r.eos_id]
     assert [*r.encode(r.decode(char_ids)), r.eos_id] != char_ids
 
-    class CharPolicy:
+    class CharPolicy(Policy):
         renderer = r
         trainable = True
 

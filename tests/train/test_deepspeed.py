@@ -128,7 +128,7 @@ def _run_variant(name: str, init: Path, out: Path) -> dict[str, Any]:
             engine.save_model(out / name / "mid", tok)
     engine.save_model(out / name / "final", tok)
     resumed_engine = _engine(name, out / name / "mid")
-    resumed_engine.load_checkpoint(out / name / "mid")
+    resumed_engine.load_sharded_state(out / name / "mid")
     steps_at_resume = resumed_engine.steps
     resumed = [
         [

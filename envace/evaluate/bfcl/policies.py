@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from envace.policy.chat import ChatRenderer, format_assistant_response
 from envace.policy.types import Generation, SamplingParams, ToolCall
-from envace.rollout.policies import GenRequest
+from envace.rollout.policies import GenRequest, Policy
 from envace.rollout.types import Role
 
 __all__ = ["BfclOraclePolicy", "EmptyPolicy"]
@@ -22,7 +22,7 @@ def _text_generation(text: str, renderer: ChatRenderer | None) -> Generation:
     return Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop")
 
 
-class BfclOraclePolicy:
+class BfclOraclePolicy(Policy):
     """Replays BFCL's ground truth: each turn's answer calls in ONE message, then "Done." (a
     memory question: its first accepted answer instead).
 
@@ -52,7 +52,7 @@ class BfclOraclePolicy:
         )
 
 
-class EmptyPolicy:
+class EmptyPolicy(Policy):
     """Answers nothing (an empty message) in both roles: the floor (no call: right only where no
     call is the answer, BFCL's irrelevance categories)."""
 
