@@ -35,7 +35,6 @@ from envace.errors import ConfigError, UserInputError
 from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
 from envace.policy.chat import ChatRenderer
 from envace.policy.hf_backend import TransformersBackend, resolve_dtype
-from envace.policy.types import SamplingParams
 from envace.report import text_table
 from envace.rollout.engine import RolloutConfig
 from envace.rollout.grading import TaskGrader
@@ -148,35 +147,13 @@ def load_splits(tasks_dir: Path) -> TaskSplits:
 
 
 # --- model ------------------------------------------------------------------------------------
-def rollout_config(cfg: Config, *, eval_mode: bool = False) -> RolloutConfig:
-    r = cfg.rollout
-    temp = cfg.eval.temperature if eval_mode else r.temperature
-    return RolloutConfig(
-        mode=r.mode,
-        caller_sampling=SamplingParams(
-            r.caller_max_new_tokens, temp, 1.0 if eval_mode else r.top_p
-        ),
-        simulator_sampling=SamplingParams(
-            r.simulator_max_new_tokens, temp, 1.0 if eval_mode else r.top_p
-        ),
-        max_steps_per_turn=r.max_steps_per_turn,
-        max_calls_per_message=r.max_calls_per_message,
-        max_context_tokens=r.max_context_tokens,
-        max_sim_prompt_tokens=r.max_sim_prompt_tokens,
-        grounding=r.grounding,
-        sim_whitelist=r.sim_whitelist,
-        think_switch="/think" if cfg.model.enable_thinking else "",
-        tool_schemas=r.tool_schemas,
-    )
-
-
 def tokenizer_corpus(cfg: Config, splits: TaskSplits) -> list[str]:
     """Texts the tiny tokenizer is trained on: every warm-start prompt and response, rendered."""
     from envace.policy.tiny import build_tokenizer
 
     bootstrap = ChatRenderer(build_tokenizer(["<|im_start|>"], vocab_size=300))
     roomy = dataclasses.replace(
-        rollout_config(cfg), max_context_tokens=10**6, max_sim_prompt_tokens=10**6
+        RolloutConfig.from_config(cfg), max_context_tokens=10**6, max_sim_prompt_tokens=10**6
     )
     rows, _ = build_sft_rows(splits.train, splits.gold, bootstrap, roomy, 0.5, cfg.seed)
     tok = bootstrap.tokenizer
@@ -260,7 +237,7 @@ def evaluate_model(
     return evaluate_policy(
         model_policy(model, tokenizer, cfg, trainable=False),
         subset,
-        rollout_config(cfg, eval_mode=True),
+        RolloutConfig.from_config(cfg, eval_mode=True),
         probe_fidelity=cfg.eval.probe_fidelity,
         n=cfg.eval.n,
         progress=True,
@@ -275,7 +252,12 @@ def warm_start_rows(
     and the number of gold conversations that did not replay; a clear error when none is left."""
     w = cfg.warm_start
     rows, broken = build_sft_rows(
-        splits.train, splits.gold, renderer, rollout_config(cfg), w.grounding_dropout, cfg.seed
+        splits.train,
+        splits.gold,
+        renderer,
+        RolloutConfig.from_config(cfg),
+        w.grounding_dropout,
+        cfg.seed,
     )
     kept = [r for r in rows if r.length <= w.max_tokens]
     if not kept:

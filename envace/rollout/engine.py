@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tqdm import tqdm
 
@@ -32,6 +32,9 @@ from envace.rollout.policies import GenRequest, Policy
 from envace.rollout.types import CallRecord, EndReason, Role, Row, Trajectory
 from envace.rollout.validation import call_is_schema_valid
 from envace.tasks.model import Task
+
+if TYPE_CHECKING:
+    from envace.config import Config
 
 __all__ = [
     "Episode",
@@ -70,6 +73,28 @@ class RolloutConfig:
     # True: a malformed caller output only ends its user turn (the next turn follows), as
     # BFCL's inference skips an undecodable step; False: it ends the episode
     format_error_ends_turn: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, eval_mode: bool = False) -> RolloutConfig:
+        """The rollout knobs of a run's config, the one place they are read: RL rollouts
+        sample with `rollout.temperature`/`top_p`; `eval_mode` (held-out evaluation, also
+        during RL) with `eval.temperature` and no nucleus cut."""
+        r = cfg.rollout
+        temp = cfg.eval.temperature if eval_mode else r.temperature
+        top_p = 1.0 if eval_mode else r.top_p
+        return cls(
+            mode=r.mode,
+            caller_sampling=SamplingParams(r.caller_max_new_tokens, temp, top_p),
+            simulator_sampling=SamplingParams(r.simulator_max_new_tokens, temp, top_p),
+            max_steps_per_turn=r.max_steps_per_turn,
+            max_calls_per_message=r.max_calls_per_message,
+            max_context_tokens=r.max_context_tokens,
+            max_sim_prompt_tokens=r.max_sim_prompt_tokens,
+            grounding=r.grounding,
+            sim_whitelist=r.sim_whitelist,
+            think_switch="/think" if cfg.model.enable_thinking else "",
+            tool_schemas=r.tool_schemas,
+        )
 
 
 @dataclass(frozen=True)

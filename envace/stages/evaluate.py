@@ -23,11 +23,11 @@ from envace.evaluate.rehearsal import (
 from envace.evaluate.report import trajectory_record
 from envace.evaluate.runner import EvalResult
 from envace.report import fmt, markdown_table
+from envace.rollout.engine import RolloutConfig
 from envace.run import (
     evaluate_model,
     load_splits,
     model_policy,
-    rollout_config,
 )
 from envace.stages.checkpoint import CheckpointMeta, _Checkpoint, _load_checkpoint
 from envace.stages.store import StageError, _commit, _local_copy, _scratch, _write_json
@@ -170,7 +170,7 @@ def _rehearse(
     return rehearse_synthetic(
         model_policy(ckpt.policy, ckpt.tokenizer, cfg, trainable=False),
         tasks,
-        rollout_config(cfg, eval_mode=True),
+        RolloutConfig.from_config(cfg, eval_mode=True),
         rehearsal,
         probe_fidelity=cfg.eval.probe_fidelity,
         n=cfg.eval.n,

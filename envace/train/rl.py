@@ -138,23 +138,7 @@ class RLTrainer:
                         f"this is rank {self.dist.rank} of WORLD_SIZE={self.dist.world_size}; "
                         "set train.engine: deepspeed for multi-process training"
                     )
-        r = cfg.rollout
-        from envace.policy.types import SamplingParams
-
-        caller = SamplingParams(r.caller_max_new_tokens, r.temperature, r.top_p)
-        sim = SamplingParams(r.simulator_max_new_tokens, r.temperature, r.top_p)
-        self.rollout_cfg = RolloutConfig(
-            mode=r.mode,
-            caller_sampling=caller,
-            simulator_sampling=sim,
-            max_steps_per_turn=r.max_steps_per_turn,
-            max_calls_per_message=r.max_calls_per_message,
-            max_context_tokens=r.max_context_tokens,
-            max_sim_prompt_tokens=r.max_sim_prompt_tokens,
-            grounding=r.grounding,
-            sim_whitelist=r.sim_whitelist,
-            think_switch="/think" if cfg.model.enable_thinking else "",
-        )
+        self.rollout_cfg = RolloutConfig.from_config(cfg)
         self.engine = RolloutEngine(policy, self.rollout_cfg, grader, simulator, make_env)
         a = cfg.algo
         self.loss_cfg = LossConfig(
