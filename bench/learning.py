@@ -128,7 +128,7 @@ class Study:
         m = copy.deepcopy(model)
         if mode == "warm_start":
             return m, 0.0
-        from envace.run import RunPaths, rl_stage
+        from envace.run import RunContext, RunPaths, rl_stage
         from envace.train.tracking import MetricsLogger
 
         cfg = mode_config(self.cfg, mode)
@@ -136,7 +136,8 @@ class Study:
         logger = MetricsLogger(folder, tensorboard=False)
         t0 = time.perf_counter()
         try:
-            m, _, _ = rl_stage(cfg, RunPaths(folder, str(folder)), m, tok, splits, logger, None)
+            ctx = RunContext(cfg, RunPaths(folder, str(folder)), splits, m, tok)
+            m, _, _ = rl_stage(ctx, logger)
         finally:
             logger.close()
         return m, time.perf_counter() - t0

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,8 @@ from envace.policy.hf_backend import TransformersBackend, resolve_dtype
 from envace.report import text_table
 from envace.rollout.engine import RolloutConfig
 from envace.rollout.grading import TaskGrader
-from envace.rollout.policies import ModelPolicy, Policy
+from envace.rollout.policies import ModelPolicy
+from envace.rollout.sources import ToolResults
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
 from envace.train.adapters import Trainable
@@ -308,30 +309,53 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
     }
 
 
-def simulator_policy(
+def tool_results(
     cfg: Config, tokenizer: Any, sim_model: Any | None, rl_start: Callable[[], Any]
-) -> Policy | None:
-    """The tool-result writer besides the policy, or None when the policy writes them itself.
+) -> ToolResults:
+    """The run's tool-result source, the one place `rollout.mode` is read for it.
 
-    external: an endpoint, another checkpoint, or (neither given) a frozen copy of the policy
-    as RL started (`rl_start()`); noshare + rehearsal: `sim_model`, the simulator's own trained
-    model (`envace.train.learners.trains_simulator`)."""
+    real: the task worlds (`make_task_environment`). external: an endpoint, another
+    checkpoint, or (neither given) a frozen copy of the policy as RL starts (`rl_start()`,
+    called now). rehearsal: the policy, or with noshare `sim_model`, the simulator's own
+    trained model (`envace.train.learners.trains_simulator`)."""
     r = cfg.rollout
+    if r.mode == "real":
+        return ToolResults("real", make_env=make_task_environment)
     if r.mode == "external":
         if r.external_endpoint:
             from envace.policy.openai_http import OpenAIChatClient
             from envace.rollout.policies import ChatPolicy
 
-            return ChatPolicy(OpenAIChatClient(r.external_endpoint, r.external_endpoint_model))
+            client = OpenAIChatClient(r.external_endpoint, r.external_endpoint_model)
+            return ToolResults("external", ChatPolicy(client))
         if r.external_model:
             from envace.policy.hf_backend import load_model_and_tokenizer
 
             m, t = load_model_and_tokenizer(r.external_model)
-            return model_policy(m, t, cfg, trainable=False)
-        return model_policy(rl_start().eval(), tokenizer, cfg, trainable=False)
+            return ToolResults("external", model_policy(m, t, cfg, trainable=False))
+        frozen = model_policy(rl_start().eval(), tokenizer, cfg, trainable=False)
+        return ToolResults("external", frozen)
     if sim_model is not None:
-        return model_policy(sim_model, tokenizer, cfg, trainable=True)
-    return None
+        return ToolResults("rehearsal", model_policy(sim_model, tokenizer, cfg, trainable=True))
+    return ToolResults("rehearsal")
+
+
+def _rl_start_model(cfg: Config, paths: RunPaths, model: Any, resume_from: Path | None) -> Any:
+    """The policy as RL started (an external simulator's frozen copy): `model` itself, copied,
+    on a fresh start (no update yet); on resume the checkpoint RL started from, as the
+    pipeline's stages read it from `rl_start`: the warm start's, else the initial one."""
+    if resume_from is None:
+        return copy.deepcopy(model)
+    from envace.policy.hf_backend import load_model_and_tokenizer
+
+    if not cfg.warm_start.enabled and cfg.model.path is not None:
+        return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype)[0]
+    start = paths.checkpoints / ("warm_start" if cfg.warm_start.enabled else "init")
+    if not (start / "MANIFEST.json").is_file():  # a new pod: from the store
+        from envace.storage.artifacts import fetch_dir
+
+        fetch_dir(paths.store_uri(start), start)
+    return load_model_and_tokenizer(start, cfg.model.dtype)[0]
 
 
 def _save_rl_checkpoint(
@@ -423,98 +447,98 @@ def _restore_history(paths: RunPaths, ckpt: Path) -> None:
         _copy_tensorboard(ckpt, paths.out)
 
 
+@dataclass
+class RunContext:
+    """One run's inputs, read once and passed down: the config, the run's folders and store
+    (`paths`), the tasks, the model RL starts from (on resume the checkpoint's, loaded in
+    `model.dtype`) and its tokenizer, the checkpoint resumed from, the stage figures so far."""
+
+    cfg: Config
+    paths: RunPaths
+    splits: TaskSplits
+    model: Any
+    tokenizer: Any
+    resume_from: Path | None = None
+    stages: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _RLSetup:
+    """What `rl_stage` builds for the loop."""
+
+    learners: list[Learner]
+    policy: ModelPolicy  # the caller (and, sharing, the simulator)
+    sources: ToolResults
+    start: int  # iterations already done (a resume)
+
+
 def rl_stage(
-    cfg: Config,
-    paths: RunPaths,
-    model: Any,
-    tokenizer: Any,
-    splits: TaskSplits,
+    ctx: RunContext,
     logger: MetricsLogger | NullLogger,
-    resume_from: Path | None,
     eval_hook: Callable[[Any], float] | None = None,
 ) -> tuple[Any, list[dict[str, Any]], TrainingEngine]:
-    """RL iterations; returns the trained policy model, the per-iteration records and the
-    policy's engine. `eval_hook` runs on rank 0 (weights gathered on every rank).
-
-    `model` is the policy to train: on resume, the checkpoint's (loaded by the caller with
-    `model.dtype`); its simulator, when it has its own, is loaded from the same checkpoint."""
+    """RL iterations on `ctx.model`; returns the trained policy model, the per-iteration
+    records and the policy's engine. `eval_hook` runs on rank 0 (weights gathered on every
+    rank). On resume the simulator, when it has its own model, loads from the same checkpoint."""
+    cfg, paths, model, resume_from = ctx.cfg, ctx.paths, ctx.model, ctx.resume_from
     start = 0
-    info = dist_info()
     saved_sim = None
     if resume_from is not None and trains_simulator(cfg):
         from envace.policy.hf_backend import load_model_and_tokenizer
 
         saved_sim, _ = load_model_and_tokenizer(resume_from / "simulator", cfg.model.dtype)
-    rl_start = copy.deepcopy(model) if cfg.rollout.mode == "external" else None
     learners = build_learners(cfg, model, saved_sim, cfg.train.iterations)
     sim = next((lr.model for lr in learners if lr.name == "simulator"), None)
-    sim_policy = simulator_policy(cfg, tokenizer, sim, lambda: rl_start)
+    sources = tool_results(
+        cfg, ctx.tokenizer, sim, lambda: _rl_start_model(cfg, paths, model, resume_from)
+    )
     vllm_dir = None
     if cfg.rollout.backend == "vllm":
-        if info.distributed:
+        if dist_info().distributed:
             raise ConfigError(
                 "rollout.backend: vllm runs with one training process (each rank would need "
                 "its own engine and the gathered weights); use rollout.backend: transformers "
                 "for multi-process runs"
             )
         vllm_dir = paths.checkpoints / "rollout_start"  # the engine's first weights
-        TorchEngine(model, 1.0).save_model(vllm_dir, tokenizer)
+        TorchEngine(model, 1.0).save_model(vllm_dir, ctx.tokenizer)
     if resume_from is not None:
         state = load_trainer_state(resume_from / TRAINER_STATE)
         start = restore_learners(learners, state, resume_from, str(resume_from))
         logger.truncate_after(start)
         log.info("resumed RL from %s at iteration %d", resume_from, start)
-    policy = rollout_policy(cfg, model, tokenizer, vllm_dir)
+    policy = rollout_policy(cfg, model, ctx.tokenizer, vllm_dir)
     try:
-        return _rl_loop(
-            cfg,
-            paths,
-            model,
-            tokenizer,
-            splits,
-            logger,
-            eval_hook,
-            start,
-            learners,
-            policy,
-            sim_policy,
-        )
+        return _rl_loop(ctx, _RLSetup(learners, policy, sources, start), logger, eval_hook)
     finally:
         policy.close()
 
 
 def _rl_loop(
-    cfg: Config,
-    paths: RunPaths,
-    model: Any,
-    tokenizer: Any,
-    splits: TaskSplits,
+    ctx: RunContext,
+    setup: _RLSetup,
     logger: MetricsLogger | NullLogger,
     eval_hook: Callable[[Any], float] | None,
-    start: int,
-    learners: list[Learner],
-    policy: ModelPolicy,
-    sim_policy: Policy | None,
 ) -> tuple[Any, list[dict[str, Any]], TrainingEngine]:
+    cfg, learners, policy = ctx.cfg, setup.learners, setup.policy
     info = dist_info()
     trainer = RLTrainer(
         cfg,
-        splits.train,
+        ctx.splits.train,
         policy,
-        role_learners(learners, ChatRenderer(tokenizer).pad_id),
+        role_learners(learners, ChatRenderer(ctx.tokenizer).pad_id),
         TaskGrader(),
-        simulator=sim_policy,
-        make_env=make_task_environment if cfg.rollout.mode == "real" else None,
+        setup.sources,
     )
     records: list[dict[str, Any]] = []
     from tqdm import tqdm
 
     t = cfg.train
     bar = tqdm(
-        range(start, t.iterations),
+        range(setup.start, t.iterations),
         desc="RL",
         unit="it",
-        initial=start,
+        initial=setup.start,
         total=t.iterations,
         disable=not info.is_main,
     )
@@ -524,7 +548,7 @@ def _rl_loop(
         if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
             with trainer.generation_ready():
                 if info.is_main:
-                    rec["eval/success_rate"] = eval_hook(model)
+                    rec["eval/success_rate"] = eval_hook(ctx.model)
             _wait_for_all(cfg, "evaluation during RL")
         logger.log(rec)
         records.append(rec)
@@ -532,8 +556,8 @@ def _rl_loop(
             reward=f"{rec['reward/mean']:.2f}", success=f"{rec['reward/success_rate']:.2f}"
         )
         if (it + 1) % t.save_every == 0 or it + 1 == t.iterations:
-            _save_rl_checkpoint(paths, it + 1, learners, tokenizer)
-    return model, records, learners[0].engine
+            _save_rl_checkpoint(ctx.paths, it + 1, learners, ctx.tokenizer)
+    return ctx.model, records, learners[0].engine
 
 
 # --- the main job -----------------------------------------------------------------------------
@@ -618,19 +642,9 @@ def _initial_model(
     return model, tokenizer
 
 
-@dataclass
-class _Start:
-    paths: RunPaths
-    stages: dict[str, Any]
-    resume_from: Path | None
-    splits: TaskSplits
-    model: Any
-    tokenizer: Any
-
-
 def _start(
     cfg: Config, out: Path, store: str | None, resume: bool, info: DistInfo, overwrite: bool
-) -> _Start:
+) -> RunContext:
     """Tasks, resume point and the starting model, on every rank.
 
     Nothing is written before the resume point is known and the folder may be used (the inputs
@@ -670,12 +684,12 @@ def _start(
     splits = load_splits(paths.tasks)
     if resume_from is None:
         model, tokenizer = _initial_model(cfg, paths, splits, info)
-        return _Start(paths, {}, None, splits, model, tokenizer)
+        return RunContext(cfg, paths, splits, model, tokenizer)
     from envace.policy.hf_backend import load_model_and_tokenizer
 
     stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
     model, tokenizer = load_model_and_tokenizer(resume_from / "policy", cfg.model.dtype)
-    return _Start(paths, stages, resume_from, splits, model, tokenizer)
+    return RunContext(cfg, paths, splits, model, tokenizer, resume_from, stages)
 
 
 def run_main(
@@ -739,9 +753,7 @@ def _run_locked(
                 paths.commit(ws_dir)
                 record("warm_start", st.model, "warm start")
         _wait_for_all(cfg, "evaluations before RL")
-        model, records, engine = rl_stage(
-            cfg, paths, st.model, tokenizer, splits, logger, st.resume_from, eval_hook
-        )
+        model, records, engine = rl_stage(st, logger, eval_hook)
     except BaseException:
         logger.close(failed=True)  # MLflow: FAILED; a resume sets it RUNNING again
         raise

@@ -16,7 +16,6 @@ import torch
 
 from envace.config import Config
 from envace.errors import UserInputError
-from envace.evaluate.runner import make_task_environment
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
@@ -29,7 +28,7 @@ from envace.run import (
     prepare_tasks,
     require_data_parallel,
     rollout_policy,
-    simulator_policy,
+    tool_results,
 )
 from envace.run import warm_start as run_warm_start
 from envace.stages.checkpoint import (
@@ -145,7 +144,7 @@ def rollout(
                 f"{ckpt.meta.iteration} iteration(s): rollouts must use the checkpoint of the "
                 "round before (check the pipeline wiring)"
             )
-        sim_policy = simulator_policy(
+        sources = tool_results(
             cfg,
             ckpt.tokenizer,
             _saved_simulator(cfg, ckpt),
@@ -159,8 +158,7 @@ def rollout(
                 policy,
                 [],
                 TaskGrader(),
-                simulator=sim_policy,
-                make_env=make_task_environment if cfg.rollout.mode == "real" else None,
+                sources,
             )
             rows, metrics = trainer.collect(iteration)
         finally:

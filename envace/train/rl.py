@@ -48,6 +48,7 @@ from envace.config import Config
 from envace.errors import ConfigError, require_finite
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
 from envace.rollout.policies import Policy
+from envace.rollout.sources import ToolResults
 from envace.rollout.types import Role, Row, Trajectory
 from envace.tasks.model import Task
 from envace.train.batch import MicroBatch, TrainRow, make_micro_batches, pack_prefix_rows
@@ -117,15 +118,23 @@ class RLTrainer:
         policy: Policy,
         learners: Sequence[RoleLearner],
         grader: TurnGrader,
-        simulator: Policy | None = None,
-        make_env: Any = None,
+        sources: ToolResults | None = None,
         *,
         ref_model: Any = None,
     ) -> None:
-        """`ref_model`: the frozen KL reference (kl_coef > 0); default: a copy of the first
-        learner's model as it is now. A pipeline's train step, which rebuilds the trainer every
-        round, passes the RL-start model instead. `tasks` may be empty for a trainer that only
-        updates (`update`); `collect` needs them."""
+        """`sources`: who writes the tool results (`envace.run.tool_results`); default: the
+        policy rehearses them under `rollout.mode: rehearsal`; under another mode a trainer
+        without them only updates (a pipeline's train step). `ref_model`: the frozen
+        KL reference (kl_coef > 0); default: a copy of the first learner's model as it is now.
+        A pipeline's train step, which rebuilds the trainer every round, passes the RL-start
+        model instead. `tasks` may be empty for a trainer that only updates (`update`);
+        `collect` needs them."""
+        if sources is None and cfg.rollout.mode == "rehearsal":
+            sources = ToolResults()
+        if sources is not None and sources.mode != cfg.rollout.mode:
+            raise ValueError(
+                f"tool results from {sources.mode!r} but rollout.mode is {cfg.rollout.mode!r}"
+            )
         self.cfg = cfg
         self.tasks = list(tasks)
         self.learners = list(learners)
@@ -139,7 +148,11 @@ class RLTrainer:
                         "set train.engine: deepspeed for multi-process training"
                     )
         self.rollout_cfg = RolloutConfig.from_config(cfg)
-        self.engine = RolloutEngine(policy, self.rollout_cfg, grader, simulator, make_env)
+        self.engine: RolloutEngine | None = None  # None: this trainer only updates
+        if sources is not None:
+            self.engine = RolloutEngine(
+                policy, self.rollout_cfg, grader, sources.simulator, sources.make_env
+            )
         a = cfg.algo
         self.loss_cfg = LossConfig(
             clip_low=a.clip_low,
@@ -182,6 +195,11 @@ class RLTrainer:
         cfg = self.cfg
         if not self.tasks:
             raise ValueError("RL needs at least one training task")
+        if self.engine is None:
+            raise ValueError(
+                f"rollout.mode {cfg.rollout.mode!r}: collecting rollouts needs the tool-result "
+                "source (RLTrainer(..., sources=envace.run.tool_results(...)))"
+            )
         rank, world = self.dist.rank, self.dist.world_size
         torch.manual_seed((iteration_seed(cfg.train.seed, it) + rank) % 2**31)
         batch = sample_tasks(self.tasks, cfg.rollout.batch_tasks, cfg.train.seed, it)

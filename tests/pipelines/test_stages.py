@@ -231,6 +231,31 @@ def test_rollout_writes_rows_with_advantages_and_metrics(
     assert meta["metrics"]["iteration"] == 1
 
 
+@pytest.mark.parametrize("mode", ["real", "external"])
+def test_a_round_runs_in_every_rollout_mode(
+    prepared: tuple[Config, str, stages.Prepared], micro: list[str], mode: str
+) -> None:
+    """Rollout then train through the store with the real worlds or a frozen simulator writing
+    the tool results. The train step builds its trainer for updates only; it used to build a
+    rollout engine too, which refused both modes (no world factory, no simulator)."""
+    from envace.rollout.io import read_rows
+
+    _, store, p = prepared
+    cfg = load_config(
+        None, [*micro, "warm_start.enabled=false", "train.iterations=2", f"rollout.mode={mode}"]
+    )
+    layout = stages.RunLayout(store, f"mode-{mode}")
+    result = stages.rollout(cfg, p.checkpoint_uri, p.tasks_uri, 0, layout.rollout(0))
+    rows = read_rows(Path(result.uri))
+    assert rows and result.metrics["rows/caller"] > 0
+    if mode == "real":  # the worlds wrote every tool result: nothing for the simulator to learn
+        assert result.metrics["rows/simulator"] == 0 and all(r.role == Role.CALLER for r in rows)
+    trained = stages.train(cfg, p.checkpoint_uri, result.uri, layout.checkpoint(0))
+    assert trained.uri == layout.checkpoint(0)
+    verify(trained.uri, deep=True)
+    assert trained.metrics["policy/rows"] <= result.metrics["rows/caller"]
+
+
 @pytest.mark.slow
 def test_a_round_cannot_switch_train_engine(
     prepared: tuple[Config, str, stages.Prepared], tmp_path: Path, micro: list[str]

@@ -94,9 +94,9 @@ def test_resume_keeps_model_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     seen: list[torch.dtype] = []
     real = run.rl_stage
 
-    def spy(cfg: Any, paths: Any, model: Any, *args: Any, **kw: Any) -> Any:
-        seen.append(next(model.parameters()).dtype)
-        return real(cfg, paths, model, *args, **kw)
+    def spy(ctx: run.RunContext, *args: Any, **kw: Any) -> Any:
+        seen.append(next(ctx.model.parameters()).dtype)
+        return real(ctx, *args, **kw)
 
     monkeypatch.setattr(run, "rl_stage", spy)
     out = tmp_path / "run"
@@ -108,6 +108,43 @@ def test_resume_keeps_model_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     lines = (out / "metrics.jsonl").read_text().splitlines()
     iterations = [json.loads(x)["iteration"] for x in lines]
     assert iterations == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_resumed_external_run_keeps_the_rl_start_as_its_simulator(tmp_path: Path) -> None:
+    """rollout.mode external without an endpoint or model: the frozen simulator is the policy
+    as RL started (the warm start), in a fresh and in a resumed run alike, as the pipeline's
+    rollout step reads it (`rl_start`). The resume used to freeze the resumed checkpoint's
+    policy, one that had trained already."""
+    from safetensors.torch import load_file
+
+    from envace import run
+
+    frozen: list[dict[str, torch.Tensor]] = []
+    real = run.tool_results
+
+    def spy(*args: Any) -> Any:
+        sources = real(*args)
+        weights = sources.simulator.backend.model.state_dict()
+        frozen.append({k: v.detach().clone() for k, v in weights.items()})
+        return sources
+
+    out = tmp_path / "run"
+    over = [*MICRO, "rollout.mode=external", "train.save_every=1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run, "tool_results", spy)
+        run.run_main(load_config(None, [*over, "train.iterations=1"]), out)
+        summary = run.run_main(load_config(None, [*over, "train.iterations=2"]), out, resume=True)
+    assert summary["resumed_from"].endswith("iter_000001")
+    ws = load_file(str(out / "checkpoints" / "warm_start" / "model.safetensors"))
+    trained = load_file(
+        str(out / "checkpoints" / "rl" / "iter_000001" / "policy" / "model.safetensors")
+    )
+    assert any(not torch.equal(ws[k], trained[k]) for k in ws)  # RL moved the policy
+    assert len(frozen) == 2
+    for weights in frozen:
+        for key, tensor in ws.items():
+            assert torch.equal(weights[key], tensor), key
 
 
 def test_learner_is_a_named_triple(new_model: Any) -> None:

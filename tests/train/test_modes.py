@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from envace.config import load_config
-from envace.run import RunPaths, init_model, load_splits, prepare_tasks, rl_stage
+from envace.run import RunContext, RunPaths, init_model, load_splits, prepare_tasks, rl_stage
 from envace.train.tracking import MetricsLogger
 from tests.helpers.micro import MICRO
 
@@ -44,9 +44,8 @@ def test_mode_runs_and_updates(
     before = {k: v.clone() for k, v in model.state_dict().items()}
     m = copy.deepcopy(model)
     logger = MetricsLogger(tmp_path, tensorboard=False)
-    trained, records, _engine = rl_stage(
-        cfg, RunPaths(tmp_path, str(tmp_path)), m, tok, splits, logger, None
-    )
+    ctx = RunContext(cfg, RunPaths(tmp_path, str(tmp_path)), splits, m, tok)
+    trained, records, _engine = rl_stage(ctx, logger)
     logger.close()
     assert [r["iteration"] for r in records] == [1, 2]
     names = {k.split("/")[0] for k in records[0] if k.endswith("/rows") and not k.startswith("adv")}
