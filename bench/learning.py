@@ -145,7 +145,8 @@ class Study:
     def evaluate(self, model: Any, rehearsal: str | None = None) -> tuple[Any, float]:
         from envace.evaluate.benchmarks import rehearse_synthetic
         from envace.evaluate.rehearsal import parse_rehearsal
-        from envace.run import evaluate_model, model_policy, rollout_config
+        from envace.rollout.engine import RolloutConfig
+        from envace.run import evaluate_model, model_policy
 
         _, tok, splits = self.warm()
         cfg = self.cfg
@@ -157,7 +158,7 @@ class Study:
             _, result = rehearse_synthetic(
                 model_policy(model, tok, cfg, trainable=False),
                 tasks,
-                rollout_config(cfg, eval_mode=True),
+                RolloutConfig.from_config(cfg, eval_mode=True),
                 parse_rehearsal(rehearsal),
                 probe_fidelity=cfg.eval.probe_fidelity,
                 n=cfg.eval.n,

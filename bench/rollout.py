@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from envace.config import Config, load_config  # noqa: E402
 from envace.report import text_table  # noqa: E402
-from envace.rollout.engine import RolloutEngine  # noqa: E402
+from envace.rollout.engine import RolloutConfig, RolloutEngine  # noqa: E402
 from envace.rollout.grading import TaskGrader  # noqa: E402
 from envace.rollout.types import Trajectory  # noqa: E402
 from envace.run import (  # noqa: E402
@@ -42,7 +42,6 @@ from envace.run import (  # noqa: E402
     load_splits,
     model_policy,
     prepare_tasks,
-    rollout_config,
 )
 
 SETTINGS = ("off", "on")
@@ -82,7 +81,7 @@ def run_once(
     if decoder is None:
         raise SystemExit("the static decoder is off (rollout.decode: generate): nothing to compare")
     decoder.profile = True
-    rcfg = rollout_config(cfg, eval_mode=mode == "real")
+    rcfg = RolloutConfig.from_config(cfg, eval_mode=mode == "real")
     make_env = None
     n = cfg.rollout.n
     if mode == "real":
