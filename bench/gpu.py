@@ -736,7 +736,8 @@ def bench_rl(
 
     cfg, paths, splits, model, tok = _rl_setup(plan, tmp / "rl", settings)
     if plan.device == "cuda":  # as configs/gpu-1.yaml: bf16, compiled layers (generation eager)
-        cfg.train.deepspeed_config = {"bf16": {"enabled": True}, "compile_layers": compile_layers}
+        cfg.train.deepspeed_config = {"bf16": {"enabled": True}}
+        cfg.train.deepspeed.compile_layers = compile_layers
     if plan.rl_shape is not None:  # same tokenizer (trained on the tasks), a real-size body
         model = _real_body(plan, tok, len(tok), "float32")
     model.to(plan.device)

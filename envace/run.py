@@ -589,23 +589,16 @@ def _join_job(cfg: Config) -> DistInfo:
     if not info.distributed:
         return info
     require_data_parallel(cfg, f"WORLD_SIZE={info.world_size}")
-    return init_process_group(timeout_s=collective_timeout(cfg))
-
-
-def collective_timeout(cfg: Config) -> float:
-    """Deadline of every collective wait (train.deepspeed_config.collective_timeout_s)."""
-    from envace.train.deepspeed_engine import split_deepspeed_config
-
-    return split_deepspeed_config(cfg.train.deepspeed_config)[2]
+    return init_process_group(timeout_s=cfg.train.deepspeed.collective_timeout_s)
 
 
 def leave_job(cfg: Config) -> None:
     """A finished job leaves its process group cleanly (every rank, after the last one)."""
-    shutdown(collective_timeout(cfg))
+    shutdown(cfg.train.deepspeed.collective_timeout_s)
 
 
 def _wait_for_all(cfg: Config, what: str) -> None:
-    barrier(what, collective_timeout(cfg))
+    barrier(what, cfg.train.deepspeed.collective_timeout_s)
 
 
 def _broadcast_weights(model: Any) -> None:

@@ -21,7 +21,6 @@ from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
 from envace.run import (
     RunPaths,
-    collective_timeout,
     init_model,
     load_splits,
     model_policy,
@@ -359,7 +358,9 @@ def _train_here(
             made_from = _step_inputs(cfg, checkpoint_uri, trajectories_uri, horizon)
             _write_train_outputs(out, learners, iteration, ckpt, made_from, metrics)
         out.mkdir(parents=True, exist_ok=True)  # a rank may have nothing else to write
-        return Trained(_commit_from_ranks(out, out_uri, collective_timeout(cfg)), metrics)
+        return Trained(
+            _commit_from_ranks(out, out_uri, cfg.train.deepspeed.collective_timeout_s), metrics
+        )
 
 
 def _write_train_outputs(

@@ -13,8 +13,8 @@ every forward), and each rank's loss is the mean over its own rows. DeepSpeed av
 gradients over ranks, so with equal row counts per rank (`distributed.shard`) an N-rank step is
 the single-process step over all rows (tests/train/test_deepspeed.py checks the losses).
 
-What is built from `train.deepspeed_config` (a mapping of DeepSpeed JSON keys, plus EnvACE's
-own keys, see `split_deepspeed_config`): ZeRO stage (default 2), bf16 (default: on with a GPU),
+What is built from `train.deepspeed_config` (DeepSpeed JSON keys, see `split_deepspeed_config`)
+and `train.deepspeed` (EnvACE's own: collective timeout, shm all-reduce, compiled layers): ZeRO stage (default 2), bf16 (default: on with a GPU),
 optimizer offload, and everything else DeepSpeed reads. The optimizer (AdamW, no decay on norms
 and biases), lr schedule, gradient clipping and what trains (`train.trainable`: LoRA adapters or
 the top layers, the same code as `TorchEngine`'s, `envace/train/adapters.py`) come from
@@ -89,7 +89,8 @@ _OWNED_KEYS = {
     "gradient_accumulation_steps": "nothing: the trainer accumulates every micro-batch of a step",
     "managed_gradient_accumulation": "nothing: the engine needs it off (variable micro-batches)",
 }
-_ENVACE_KEYS = ("lora", "collective_timeout_s", "cpu_shm_comm", "compile_layers")
+# EnvACE's own keys, once read from train.deepspeed_config: their typed section now.
+_MOVED_KEYS = ("collective_timeout_s", "cpu_shm_comm", "compile_layers")
 _CHECKPOINT_TAG = "state"
 _STATE_DIR = "deepspeed"
 
@@ -120,8 +121,7 @@ class DeepSpeedOptions:
     @classmethod
     def from_config(cls, cfg: Config) -> DeepSpeedOptions:
         t = cfg.train
-        ds, _lora, timeout_s, shm = split_deepspeed_config(t.deepspeed_config)
-        compile_layers = bool(t.deepspeed_config.get("compile_layers", False))
+        ds, _lora = split_deepspeed_config(t.deepspeed_config)
         return cls(
             lr=t.lr,
             weight_decay=t.weight_decay,
@@ -132,9 +132,9 @@ class DeepSpeedOptions:
             ds_config=ds,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
             trainable=Trainable.from_config(cfg),
-            timeout_s=timeout_s,
-            cpu_shm_comm=shm,
-            compile_layers=compile_layers,
+            timeout_s=t.deepspeed.collective_timeout_s,
+            cpu_shm_comm=t.deepspeed.cpu_shm_comm,
+            compile_layers=t.deepspeed.compile_layers,
         )
 
     @property
@@ -142,31 +142,28 @@ class DeepSpeedOptions:
         return int(dict(self.ds_config.get("zero_optimization") or {}).get("stage", 2))
 
 
-def split_deepspeed_config(
-    raw: Mapping[str, Any],
-) -> tuple[dict[str, Any], LoraOptions | None, float, bool]:
-    """`train.deepspeed_config` -> (DeepSpeed keys, LoRA options, collective timeout, shm flag).
+def split_deepspeed_config(raw: Mapping[str, Any]) -> tuple[dict[str, Any], LoraOptions | None]:
+    """`train.deepspeed_config` -> (DeepSpeed keys, LoRA options of its `lora` key).
 
-    EnvACE's own keys: `lora` (mapping or true; the older spelling of `train.trainable: lora`,
-    read by `Trainable.from_config`), `collective_timeout_s` (seconds, default 1800),
-    `cpu_shm_comm` (bool), `compile_layers` (bool, read by `DeepSpeedOptions.from_config`). Keys
-    the engine derives from `train.*` are refused, naming the field to set instead.
+    `lora` (a mapping or true) is the older spelling of `train.trainable: lora`, read by
+    `Trainable.from_config`. Keys the engine derives from `train.*` are refused, naming the
+    field to set instead, and so are EnvACE's own keys that moved to `train.deepspeed`.
     """
     where = "train.deepspeed_config"
     for key, instead in _OWNED_KEYS.items():
         if key in raw:
             raise ConfigError(f"{where}.{key}: set by the engine; configure {instead}")
-    ds = {k: copy.deepcopy(v) for k, v in raw.items() if k not in _ENVACE_KEYS}
+    for key in _MOVED_KEYS:
+        if key in raw:
+            raise ConfigError(
+                f"{where}.{key}: an EnvACE setting, not DeepSpeed's: set train.deepspeed.{key}"
+            )
+    ds = {k: copy.deepcopy(v) for k, v in raw.items() if k != "lora"}
     lora = LoraOptions.from_mapping(raw["lora"], f"{where}.lora") if raw.get("lora") else None
-    timeout_s = float(raw.get("collective_timeout_s", DEFAULT_TIMEOUT_S))
-    if timeout_s <= 0:
-        raise ConfigError(f"{where}.collective_timeout_s: must be > 0 seconds, got {timeout_s}")
     stage = dict(ds.get("zero_optimization") or {}).get("stage", 2)
-    if not isinstance(raw.get("compile_layers", False), bool):
-        raise ConfigError(f"{where}.compile_layers: expected true or false")
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"{where}.zero_optimization.stage: {stage!r} is not 0, 1, 2 or 3")
-    return ds, lora, timeout_s, bool(raw.get("cpu_shm_comm", False))
+    return ds, lora
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -288,7 +285,7 @@ def compile_decoder_layers(model: Any) -> int:
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
         raise ConfigError(
-            "train.deepspeed_config.compile_layers: this model's decoder has no `layers` list"
+            "train.deepspeed.compile_layers: this model's decoder has no `layers` list"
         )
     for layer in layers:
         layer.compile()

@@ -26,7 +26,7 @@ from tests.pipelines.test_stages import _in_process_updates, _rows, _store_rows
 
 pytest.importorskip("deepspeed", reason="needs deepspeed (pip install 'envace[deepspeed]')")
 
-DS_CONFIG = '{"zero_optimization": {"stage": 2}, "collective_timeout_s": 120}'
+DS_CONFIG = '{"zero_optimization": {"stage": 2}}'
 
 
 def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
@@ -41,6 +41,7 @@ def test_train_step_on_two_ranks_commits_every_shard_and_equals_one_process(
     prepared = stages.prepare(load_config(None, sets), store)
     cfg = load_config(None, [*sets, "train.engine=deepspeed"])
     cfg.train.deepspeed_config = json.loads(DS_CONFIG)
+    cfg.train.deepspeed.collective_timeout_s = 120
     config_file = tmp_path / "config.yaml"
     config_file.write_text(stages.config_text(cfg))
     _model, tokenizer = load_model_and_tokenizer(prepared.checkpoint_uri)

@@ -90,7 +90,7 @@ def _options(name: str) -> Any:
     from envace.train.deepspeed_engine import DeepSpeedOptions, split_deepspeed_config
 
     raw, ckpt = VARIANTS[name]
-    ds, lora, _, _ = split_deepspeed_config(raw)
+    ds, lora = split_deepspeed_config(raw)
     trainable = Trainable("lora", lora=lora) if lora is not None else None
     return DeepSpeedOptions(
         lr=LR, ds_config=ds, trainable=trainable, gradient_checkpointing=ckpt, timeout_s=60
@@ -344,12 +344,9 @@ def test_deepspeed_config_keys_are_split_and_validated() -> None:
         split_deepspeed_config,
     )
 
-    ds, lora, timeout, shm = split_deepspeed_config(
-        {"zero_optimization": {"stage": 3}, "lora": {"r": 8}, "collective_timeout_s": 30}
-    )
+    ds, lora = split_deepspeed_config({"zero_optimization": {"stage": 3}, "lora": {"r": 8}})
     assert ds == {"zero_optimization": {"stage": 3}}
     assert lora == LoraOptions(r=8) and lora.scaling == 4.0
-    assert (timeout, shm) == (30.0, False)
     cfg = build_ds_config(DeepSpeedOptions(lr=1e-5, grad_clip=0.5, ds_config=ds), 4, False)
     assert cfg["zero_optimization"] == {"stage": 3}
     assert cfg["gradient_clipping"] == 0.5 and cfg["train_batch_size"] == 4
@@ -360,6 +357,32 @@ def test_deepspeed_config_keys_are_split_and_validated() -> None:
         split_deepspeed_config({"zero_optimization": {"stage": 4}})
     with pytest.raises(ConfigError, match=r"lora: unknown key 'rank'"):
         split_deepspeed_config({"lora": {"rank": 8}})
+
+
+@pytest.mark.parametrize("key", ["collective_timeout_s", "cpu_shm_comm", "compile_layers"])
+def test_envace_keys_in_the_deepspeed_json_name_their_typed_section(key: str) -> None:
+    """EnvACE's own keys moved from train.deepspeed_config to train.deepspeed: the config is
+    refused at load time, naming the new key, before anything is written."""
+    from envace.config import load_config
+    from envace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"deepspeed_config\.{key}: .*train\.deepspeed\.{key}"):
+        load_config(None, [f"train.deepspeed_config={{{key}: 1}}"])
+
+
+def test_the_typed_deepspeed_section_reaches_the_engine_options() -> None:
+    from envace.config import load_config
+    from envace.errors import ConfigError
+    from envace.train.deepspeed_engine import DeepSpeedOptions
+
+    sets = ["train.deepspeed.collective_timeout_s=90", "train.deepspeed.compile_layers=true"]
+    opts = DeepSpeedOptions.from_config(load_config(None, sets))
+    assert (opts.timeout_s, opts.compile_layers, opts.cpu_shm_comm) == (90.0, True, False)
+    assert DeepSpeedOptions.from_config(load_config(None)).timeout_s == 1800.0
+    with pytest.raises(ConfigError, match=r"train\.deepspeed\.collective_timeout_s: 0\.0 must"):
+        load_config(None, ["train.deepspeed.collective_timeout_s=0"])
+    with pytest.raises(ConfigError, match=r"train\.deepspeed\.compile_layers: expected true"):
+        load_config(None, ["train.deepspeed.compile_layers=1"])
 
 
 def test_merge_lora_state_dict_adds_the_scaled_low_rank_update() -> None:

@@ -45,10 +45,8 @@ def _cfg(engine: str, stage: int | None = None) -> Any:
 
     cfg = load_config(None, [*SETS, f"train.engine={engine}"])
     if stage is not None:
-        cfg.train.deepspeed_config = {
-            "zero_optimization": {"stage": stage},
-            "collective_timeout_s": 120,
-        }
+        cfg.train.deepspeed_config = {"zero_optimization": {"stage": stage}}
+        cfg.train.deepspeed.collective_timeout_s = 120
     return cfg
 
 
@@ -189,7 +187,8 @@ def test_envace_run_on_two_ranks_writes_once_and_resumes(tmp_path: Path) -> None
         *MICRO,
         "warm_start.batch_rows=8",
         "train.engine=deepspeed",
-        'train.deepspeed_config={"zero_optimization": {"stage": 3}, "collective_timeout_s": 180}',
+        'train.deepspeed_config={"zero_optimization": {"stage": 3}}',
+        "train.deepspeed.collective_timeout_s=180",
         "train.save_every=1",
         "train.eval_every=1",
         "eval.max_tasks=1",
