@@ -1,6 +1,6 @@
 """Checkpoint benchmark: where an RL checkpoint's time goes.
 
-An RL checkpoint (`envace.run._save_rl_checkpoint` with the DeepSpeed engine) is the
+An RL checkpoint (`envace.run.save_rl_checkpoint` with the DeepSpeed engine) is the
 Hugging Face weights, DeepSpeed's own state (master weights and optimizer, for exact resume) and
 the artifact manifest (sha256 of every file, files fsynced, manifest written last). This times
 each part for one model shape after one optimizer step, and prints a table and writes JSON.

@@ -730,7 +730,7 @@ def bench_rl(
     with the decoder `settings` (`decode_settings`)."""
     from envace.policy.chat import ChatRenderer
     from envace.rollout.grading import TaskGrader
-    from envace.run import _save_rl_checkpoint, model_policy
+    from envace.run import model_policy, save_rl_checkpoint
     from envace.train.learners import Learner, make_engine
     from envace.train.rl import RLTrainer, RoleLearner
 
@@ -756,7 +756,7 @@ def bench_rl(
     trainer.update(rows)
     _sync(plan.device)
     t2 = time.perf_counter()
-    _save_rl_checkpoint(paths, 1, [Learner("policy", model, engine)], tok)
+    save_rl_checkpoint(paths, 1, [Learner("policy", model, engine)], tok)
     t3 = time.perf_counter()
     rollout = float(metrics["time/rollout_s"])
     return {

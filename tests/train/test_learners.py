@@ -45,7 +45,7 @@ def test_gradient_checkpointing_applies_to_the_torch_engine(new_model: Any) -> N
 def test_both_orchestrations_build_their_learners_here() -> None:
     """`envace run` and the pipeline's train step share one engine factory, learner set and
     trainer state (by construction: neither module defines its own)."""
-    import envace.run as run
+    import envace.run.loop as run
     import envace.stages.steps as stages
 
     for module in (run, stages):
@@ -90,6 +90,7 @@ def test_resume_keeps_model_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """A fresh and a resumed run both train in `model.dtype` (the resume used to load the
     policy in float32 first; the tiny presets ignored the setting)."""
     from envace import run
+    from envace.run import main
 
     seen: list[torch.dtype] = []
     real = run.rl_stage
@@ -98,7 +99,7 @@ def test_resume_keeps_model_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         seen.append(next(ctx.model.parameters()).dtype)
         return real(ctx, *args, **kw)
 
-    monkeypatch.setattr(run, "rl_stage", spy)
+    monkeypatch.setattr(main, "rl_stage", spy)  # where run_main looks it up
     out = tmp_path / "run"
     over = [*MICRO, "model.dtype=bfloat16", "train.save_every=1", "warm_start.enabled=false"]
     run.run_main(load_config(None, [*over, "train.iterations=1"]), out)
@@ -119,6 +120,7 @@ def test_a_resumed_external_run_keeps_the_rl_start_as_its_simulator(tmp_path: Pa
     from safetensors.torch import load_file
 
     from envace import run
+    from envace.run import loop
 
     frozen: list[dict[str, torch.Tensor]] = []
     real = run.tool_results
@@ -132,7 +134,7 @@ def test_a_resumed_external_run_keeps_the_rl_start_as_its_simulator(tmp_path: Pa
     out = tmp_path / "run"
     over = [*MICRO, "rollout.mode=external", "train.save_every=1"]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run, "tool_results", spy)
+        mp.setattr(loop, "tool_results", spy)  # where rl_stage looks it up
         run.run_main(load_config(None, [*over, "train.iterations=1"]), out)
         summary = run.run_main(load_config(None, [*over, "train.iterations=2"]), out, resume=True)
     assert summary["resumed_from"].endswith("iter_000001")

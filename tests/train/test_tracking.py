@@ -26,9 +26,9 @@ def _scalars(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def test_the_committed_report_holds_tensorboard_events_that_read_back(tmp_path: Path) -> None:
-    """`_commit_report` puts OUT/tensorboard into the report artifact: fetched back from the
+    """`commit_report` puts OUT/tensorboard into the report artifact: fetched back from the
     store (every file checked against the manifest), its events hold the logged scalars."""
-    from envace.run import RunPaths, _commit_report
+    from envace.run import RunPaths, commit_report
     from envace.storage.artifacts import fetch_dir, read_manifest
 
     out, store = tmp_path / "out", tmp_path / "store"
@@ -36,7 +36,7 @@ def test_the_committed_report_holds_tensorboard_events_that_read_back(tmp_path: 
     for it in (1, 2, 3):
         logger.log({"iteration": it, "policy/loss": 0.5 / it, "reward/mean": 0.25 * it})
     logger.close()
-    uri = _commit_report(RunPaths(out, str(store)))
+    uri = commit_report(RunPaths(out, str(store)))
     assert uri == str(store / "report")
     files = [e.path for e in read_manifest(uri).files]
     assert any(p.startswith("tensorboard/events.out.tfevents.") for p in files), files
