@@ -144,6 +144,12 @@ def _add_submit(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="training environment variable (repeatable)",
     )
+    parser.add_argument(
+        "--queue",
+        metavar="LOCALQUEUE",
+        help="Kueue LocalQueue that admits the job (the kueue.x-k8s.io/queue-name label; needs"
+        " Kueue's TrainJob integration); default: none, the job starts at once",
+    )
     parser.add_argument("--detach", action="store_true", help="return once created; do not follow")
     parser.add_argument(
         "--dry-run",
@@ -229,6 +235,7 @@ def _spec_from_args(args: argparse.Namespace, namespace: str) -> TrainJobSpec:
         node_selector=dict(parse_key_value(item, "--node-selector") for item in args.node_selector),
         tolerations=tuple(parse_toleration(item) for item in args.toleration),
         env=dict(parse_key_value(item, "--env") for item in args.env),
+        queue=args.queue,
     )
 
 

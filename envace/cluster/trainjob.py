@@ -78,6 +78,9 @@ _MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei
 # A run name is one folder of the store (and of the local `runs/` work dir): a file name's limit.
 _MAX_RUN_NAME_BYTES = 255
 _LABELS = {"app.kubernetes.io/part-of": "envace", "app.kubernetes.io/component": "train"}
+# The label Kueue's TrainJob integration reads: the LocalQueue that admits the job.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+_QUEUE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label: a LocalQueue's name
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class TrainJobSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Toleration] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # Kueue LocalQueue (in the job's namespace) that admits the job: the TrainJob gets the
+    # kueue.x-k8s.io/queue-name label, and Kueue holds it suspended until the quota allows it
+    queue: str | None = None
     # The nodes' command and arguments; None: `torchrun --no-python envace train` with the
     # arguments of the spec (config, store, run name, resume). The pipeline's train step sets both.
     command: Sequence[str] | None = None
@@ -139,6 +145,12 @@ class TrainJobSpec:
             check_memory_quantity(self.memory, "--memory")
         if self.run_name is not None:
             check_run_name(self.run_name, "--run-name")
+        if self.queue is not None and (not _QUEUE.match(self.queue) or len(self.queue) > 63):
+            raise UserInputError(
+                f"--queue {self.queue!r} is not a LocalQueue name: lower-case letters, digits and"
+                " '-', at most 63 characters, e.g. --queue team-a (kubectl get localqueues -n"
+                f" {self.namespace} lists them)"
+            )
         if self.runtime_kind not in ("TrainingRuntime", "ClusterTrainingRuntime"):
             raise UserInputError(
                 f"runtime kind must be TrainingRuntime or ClusterTrainingRuntime, "
@@ -370,10 +382,13 @@ def build_trainjob(spec: TrainJobSpec) -> dict[str, Any]:
     if spec.env:
         trainer["env"] = [{"name": key, "value": value} for key, value in spec.env.items()]
     pod_patch = _pod_patch(spec, config_map_name(spec.name))
+    labels = dict(_LABELS)
+    if spec.queue is not None:
+        labels[KUEUE_QUEUE_LABEL] = spec.queue
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": dict(_LABELS)},
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
         "spec": {
             "runtimeRef": {"apiGroup": GROUP, "kind": spec.runtime_kind, "name": spec.runtime},
             "trainer": trainer,

@@ -626,6 +626,17 @@ def test_dry_run_prints_valid_objects_without_a_cluster(
     validator.assert_valid([trainjob, config_map])
 
 
+def test_submit_queue_flag_reaches_the_trainjob_label(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["cluster", "submit", "--config", str(config_file), "--name", "q", "--dry-run"]
+    assert _run([*argv, "--kubeconfig", "/nonexistent", "--queue", "team-a"]) == 0
+    trainjob, _ = yaml.safe_load_all(capsys.readouterr().out)
+    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    with pytest.raises(cluster_cli.UserInputError, match="--queue 'A_B' is not a LocalQueue"):
+        _run([*argv, "--kubeconfig", "/nonexistent", "--queue", "A_B"])
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

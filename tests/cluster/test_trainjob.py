@@ -214,6 +214,8 @@ def test_parse_key_value() -> None:
         ({"store": "/local/path"}, "--store must be a minio://"),
         ({"runtime_kind": "MPIRuntime"}, "runtime kind"),
         ({"run_name": "../other"}, "--run-name '../other' has a path separator"),
+        ({"queue": "Team_A"}, "--queue 'Team_A' is not a LocalQueue name"),
+        ({"queue": "q" * 64}, "at most 63 characters"),
     ],
 )
 def test_bad_specs_are_refused_with_the_flag(kwargs: dict[str, Any], message: str) -> None:
@@ -305,3 +307,14 @@ def test_every_built_trainjob_is_valid_against_the_crd(
     assert trainjob["spec"]["trainer"]["numNodes"] * trainjob["spec"]["trainer"][
         "numProcPerNode"
     ] == (spec.world_size)
+
+
+def test_a_queue_labels_the_trainjob_for_kueue(validator: ManifestValidator) -> None:
+    """--queue puts Kueue's queue label on the TrainJob (what Kueue's TrainJob integration
+    admits by); without it the job has no such label. Both pass the CRD schema."""
+    queued = build_trainjob(TrainJobSpec(name="job", namespace="ns", queue="team-a"))
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert queued["metadata"]["labels"]["app.kubernetes.io/part-of"] == "envace"
+    plain = build_trainjob(TrainJobSpec(name="job", namespace="ns"))
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+    validator.assert_valid([queued, plain])
