@@ -18,6 +18,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,11 +29,14 @@ import certifi
 import urllib3
 from minio import Minio
 from minio.commonconfig import CopySource
+from minio.credentials.credentials import Credentials
+from minio.credentials.providers import Provider, WebIdentityProvider
 from minio.deleteobjects import DeleteObject
 from minio.error import InvalidResponseError, S3Error, ServerError
 from urllib3.exceptions import HTTPError, ProtocolError
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
+from envace.errors import ConfigError
 from envace.storage.base import (
     CHUNK_SIZE,
     Digest,
@@ -47,7 +51,7 @@ from envace.storage.errors import (
     StoreError,
 )
 from envace.storage.retry import RetryEvent, RetryPolicy, call_with_retry
-from envace.storage.settings import ENV_VARS, S3Settings
+from envace.storage.settings import ENV_VARS, S3Settings, read_secret_file
 from envace.storage.uri import Scheme, StoreURI, validate_key
 
 __all__ = ["S3Store", "is_transient"]
@@ -79,6 +83,7 @@ _TRANSIENT_CODES = frozenset(
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "ResourceNotFound"})
 _TRANSIENT_NETWORK = (Urllib3TimeoutError, ProtocolError, ConnectionError, socket.timeout)
+_TOKEN_VARS = "ENVACE_S3_WEB_IDENTITY_TOKEN_FILE / AWS_WEB_IDENTITY_TOKEN_FILE"
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -105,6 +110,7 @@ def _client_for(settings: S3Settings) -> Minio:
         cert_reqs="CERT_REQUIRED" if settings.cert_check else "CERT_NONE",
         ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
     )
+    credentials = _WebIdentity(settings, http) if settings.uses_web_identity else None
     return Minio(
         str(settings.endpoint),
         access_key=settings.access_key,
@@ -113,8 +119,49 @@ def _client_for(settings: S3Settings) -> Minio:
         secure=settings.secure,
         region=settings.region,
         http_client=http,
+        credentials=credentials,
         cert_check=settings.cert_check,
     )
+
+
+class _WebIdentity(Provider):  # type: ignore[misc]
+    """Temporary credentials from STS `AssumeRoleWithWebIdentity` (EKS IRSA, or MinIO's STS with
+    an OpenID provider), renewed by the SDK when they expire. The token file is read at every
+    renewal (the kubelet rotates it). A refusal is a `StoreAccessError` naming the variables;
+    its text never holds the token (the SDK's own error carries it in the request URL)."""
+
+    def __init__(self, settings: S3Settings, http: urllib3.PoolManager) -> None:
+        self._settings = settings
+        self._sts = WebIdentityProvider(
+            jwt_provider_func=self._token,
+            sts_endpoint=settings.sts_url,
+            role_arn=settings.role_arn,
+            role_session_name="envace",
+            http_client=http,
+        )
+
+    def _token(self) -> dict[str, str]:
+        token = read_secret_file(str(self._settings.web_identity_token_file), _TOKEN_VARS)
+        return {"access_token": token, "expires_in": "0"}
+
+    def retrieve(self) -> Credentials:
+        try:
+            return self._sts.retrieve()
+        except _TRANSIENT_NETWORK:
+            raise  # the store's retry policy takes these
+        except ConfigError as exc:  # the token file
+            raise StoreAccessError(f"web-identity credentials: {exc}") from None
+        except Exception as exc:  # the SDK raises ValueError, XML parse errors, ...
+            status = re.search(r"HTTP status code (\d+)", str(exc))
+            why = f"HTTP {status.group(1)}" if status else type(exc).__name__
+            role = self._settings.role_arn or "(none: ENVACE_S3_ROLE_ARN / AWS_ROLE_ARN)"
+            raise StoreAccessError(
+                f"no credentials from {self._settings.sts_url}: AssumeRoleWithWebIdentity failed ({why}) for role"
+                f" {role} with the token in {self._settings.web_identity_token_file}. Check the"
+                " role's trust policy for this service account, the token's audience, and"
+                " ENVACE_S3_STS_ENDPOINT / AWS_ENDPOINT_URL_STS; or set static keys"
+                " (ENVACE_S3_ACCESS_KEY / ENVACE_S3_SECRET_KEY)"
+            ) from None
 
 
 @dataclass

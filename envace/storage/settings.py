@@ -3,9 +3,15 @@
 Values come, field by field, from an explicit mapping (`S3Settings.resolve(mapping)`, the Python
 API), then the `ENVACE_S3_*` environment variables, then the standard `AWS_*` names. Every field
 has an `ENVACE_S3_*` variable, so the commands (which read the environment) can set all of them.
-In the cluster the credentials reach the pod as environment variables from a Kubernetes Secret
-(`secretKeyRef`), so secrets never sit in a config file or in code. `repr()` masks them and
-nothing here logs them.
+In the cluster the credentials reach the pod from a Kubernetes Secret, as environment variables
+(`secretKeyRef`) or as mounted files named by `ENVACE_S3_ACCESS_KEY_FILE` /
+`ENVACE_S3_SECRET_KEY_FILE` / `ENVACE_S3_SESSION_TOKEN_FILE`, so secrets never sit in a config
+file or in code. `repr()` masks them and nothing here logs them.
+
+Without static keys, a web-identity token (`AWS_WEB_IDENTITY_TOKEN_FILE` with `AWS_ROLE_ARN`:
+EKS IRSA, or MinIO's STS with an OpenID provider) is exchanged for temporary credentials
+(`envace.storage.s3`), at `sts_endpoint`, by default AWS STS for an AWS endpoint, else the store's
+own endpoint (MinIO serves STS on its S3 port).
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from urllib.parse import urlsplit
 from envace.errors import ConfigError, UserInputError
 from envace.storage.uri import redact_url
 
-__all__ = ["ENV_VARS", "S3Settings"]
+__all__ = ["ENV_VARS", "FILE_VARS", "S3Settings", "read_secret_file"]
 
 MiB = 1024 * 1024
+MAX_SECRET_FILE_BYTES = 64 * 1024  # a key or token file; a larger one is the wrong file
 
 # field -> environment variables that may set it, in priority order.
 ENV_VARS: dict[str, tuple[str, ...]] = {
@@ -37,6 +44,16 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "read_timeout_s": ("ENVACE_S3_READ_TIMEOUT_S",),
     "part_size": ("ENVACE_S3_PART_SIZE",),
     "parallel_uploads": ("ENVACE_S3_PARALLEL_UPLOADS",),
+    "web_identity_token_file": ("ENVACE_S3_WEB_IDENTITY_TOKEN_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE"),
+    "role_arn": ("ENVACE_S3_ROLE_ARN", "AWS_ROLE_ARN"),
+    "sts_endpoint": ("ENVACE_S3_STS_ENDPOINT", "AWS_ENDPOINT_URL_STS"),
+}
+# secret field -> a variable naming a file that holds it (a Secret mounted as files), read right
+# after the field's ENVACE_S3_* variable and before the AWS_* ones.
+FILE_VARS: dict[str, str] = {
+    "access_key": "ENVACE_S3_ACCESS_KEY_FILE",
+    "secret_key": "ENVACE_S3_SECRET_KEY_FILE",
+    "session_token": "ENVACE_S3_SESSION_TOKEN_FILE",
 }
 _SECRET_FIELDS = ("access_key", "secret_key", "session_token")
 _TRUE = {"1", "true", "yes", "on"}
@@ -113,6 +130,37 @@ def _check_host_port(host: str, shown: str, where: str, form: str) -> None:
         raise ConfigError(f"{where}={shown}: no host name; {form}")
 
 
+def _env_candidates(name: str) -> tuple[str, ...]:
+    """The variables that may set field `name`, in priority order (a file variable right after
+    the field's own ENVACE_S3_* variable)."""
+    names = ENV_VARS.get(name, ())
+    if name in FILE_VARS:
+        return (names[0], FILE_VARS[name], *names[1:])
+    return names
+
+
+def read_secret_file(path: str, var: str) -> str:
+    """A key or token from the file `var` names, surrounding whitespace removed; a ConfigError
+    naming the variable and the path (never the content) when it cannot be used."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SECRET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(
+            f"{var}={path}: cannot read the file ({exc.strerror or exc}); mount the Secret there"
+            f" or unset {var}"
+        ) from None
+    if len(raw) > MAX_SECRET_FILE_BYTES:
+        raise ConfigError(f"{var}={path}: over {MAX_SECRET_FILE_BYTES} bytes, not a key file")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{var}={path}: not UTF-8 text, not a key file") from None
+    if not text:
+        raise ConfigError(f"{var}={path}: the file is empty")
+    return text
+
+
 @dataclass(frozen=True)
 class S3Settings:
     """Connection settings of an S3-protocol store (MinIO, AWS S3, or the test server).
@@ -127,6 +175,11 @@ class S3Settings:
         (parallel_uploads + 1) * part_size, whatever the file size; files over 10,000 parts
         get a larger part automatically.
     parallel_uploads: parts in flight at once for one file.
+    web_identity_token_file: a web-identity token (JWT) file, read again at every credential
+        refresh (the kubelet rotates it); used when no access / secret key is set.
+    role_arn: the role the token assumes (AWS IRSA needs it; MinIO may take it from the token).
+    sts_endpoint: where the token is exchanged (`https://host[:port]`); None: AWS STS for an AWS
+        endpoint (regional with `region`), else the store's endpoint.
     """
 
     endpoint: str | None = None
@@ -140,6 +193,9 @@ class S3Settings:
     read_timeout_s: float = 120.0
     part_size: int = 16 * MiB
     parallel_uploads: int = 3
+    web_identity_token_file: str | None = None
+    role_arn: str | None = None
+    sts_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.part_size < 5 * MiB or self.part_size > 5 * 1024 * MiB:
@@ -210,9 +266,11 @@ class S3Settings:
             if config.get(name) is not None:
                 values[name], origin[name] = config[name], f"{key_path}.{name}"
                 continue
-            for var in ENV_VARS.get(name, ()):
+            for var in _env_candidates(name):
                 if env.get(var):
-                    values[name], origin[name] = env[var], var
+                    is_file = var in FILE_VARS.values()
+                    value = read_secret_file(env[var], var) if is_file else env[var]
+                    values[name], origin[name] = value, var
                     break
         return cls._build(values, origin)
 
@@ -233,6 +291,15 @@ class S3Settings:
                         f" {origin['secure']}={values['secure']}: make them agree"
                     )
                 values["secure"] = scheme_secure
+        if values.get("sts_endpoint"):
+            sts = str(values["sts_endpoint"])
+            host, secure = _split_endpoint(sts, origin["sts_endpoint"])
+            if secure is None:
+                raise ConfigError(
+                    f"{origin['sts_endpoint']}={redact_url(sts)!r}: give the scheme too,"
+                    " e.g. https://sts.eu-west-3.amazonaws.com or http://minio:9000"
+                )
+            values["sts_endpoint"] = f"{'https' if secure else 'http'}://{host}"
         for name, kind in (
             ("connect_timeout_s", float),
             ("read_timeout_s", float),
@@ -243,17 +310,41 @@ class S3Settings:
                 values[name] = _parse_number(values[name], kind, origin[name])
         return cls(**values)
 
+    @property
+    def sts_url(self) -> str:
+        """Where a web-identity token is exchanged: `sts_endpoint`, else AWS STS (regional when
+        `region` is set) for an `*.amazonaws.com` endpoint, else the store's own endpoint."""
+        if self.sts_endpoint:
+            return self.sts_endpoint.rstrip("/")
+        host = (self.endpoint or "").rsplit(":", 1)[0]
+        if host.endswith(".amazonaws.com") or host.endswith(".amazonaws.com.cn"):
+            if not self.region:
+                return "https://sts.amazonaws.com"
+            suffix = ".cn" if self.region.startswith("cn-") else ""
+            return f"https://sts.{self.region}.amazonaws.com{suffix}"
+        return self.endpoint_url
+
+    @property
+    def uses_web_identity(self) -> bool:
+        """No static keys, a web-identity token file: temporary credentials from STS."""
+        return bool(self.web_identity_token_file) and not (self.access_key or self.secret_key)
+
     def require(self, uri: str) -> S3Settings:
-        """Self when endpoint and credentials are set, else a UserInputError naming the fix."""
+        """Self when endpoint and credentials (static keys, or a web-identity token file) are
+        set, else a UserInputError naming the fix."""
+        needed = (
+            ("endpoint",) if self.uses_web_identity else ("endpoint", "access_key", "secret_key")
+        )
         missing = [
-            f"{name} ({' or '.join(ENV_VARS[name])})"
-            for name in ("endpoint", "access_key", "secret_key")
+            f"{name} ({' or '.join(_env_candidates(name))})"
+            for name in needed
             if not getattr(self, name)
         ]
         if missing:
             raise UserInputError(
                 f"cannot open {uri}: no S3 {', '.join(missing)} configured. Set these environment"
-                " variables (in a cluster: the chart maps them from its store Secret)"
+                " variables (in a cluster: the chart maps them from its store Secret), or a"
+                f" web-identity token ({' or '.join(ENV_VARS['web_identity_token_file'])})"
             )
         return self
 

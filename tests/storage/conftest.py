@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -195,12 +196,45 @@ class FaultPlan:
     log: list[tuple[str, str, str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     only_method: str | None = None
+    # STS front (`sts_token` set): AssumeRoleWithWebIdentity with this token is answered by
+    # moto's own STS (minio sends the parameters in the URL, moto's server routes STS only by
+    # a form body: the proxy moves them there); another token gets 403 AccessDenied. Each
+    # request's (Action, token, RoleArn) goes to `sts_calls`, each S3 request's SigV4 access
+    # key to `signed_by`.
+    sts_token: str | None = None
+    sts_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    signed_by: list[str] = field(default_factory=list)
 
     def next_fault(self, method: str) -> tuple[str, float] | None:
         with self.lock:
             if self.faults and self.only_method in (None, method):
                 return self.faults.pop(0)
         return None
+
+
+def _sts_front(handler: Any, plan: FaultPlan) -> bool:
+    """Answer an STS request (True), or note an S3 request's signing key and leave it to the
+    handler (False)."""
+    query = urllib.parse.urlsplit(handler.path).query
+    params = dict(urllib.parse.parse_qsl(query))
+    if params.get("Action") != "AssumeRoleWithWebIdentity":
+        auth = handler.headers.get("Authorization", "")
+        if "Credential=" in auth:
+            plan.signed_by.append(auth.split("Credential=", 1)[1].split("/", 1)[0])
+        return False
+    token = params.get("WebIdentityToken", "")
+    plan.sts_calls.append((params["Action"], token, params.get("RoleArn", "")))
+    handler.close_connection = True
+    if token != plan.sts_token:
+        denied = b"<ErrorResponse><Error><Code>AccessDenied</Code></Error></ErrorResponse>"
+        handler._reply(403, {"Content-Type": "text/xml"}, denied)
+        return True
+    handler.path = "/"
+    for name in ("Content-Type", "Content-Length"):
+        del handler.headers[name]
+    handler.headers["Content-Type"] = "application/x-www-form-urlencoded"
+    handler._reply(*handler._forward(query.encode()))
+    return True
 
 
 def _make_handler(upstream: Endpoint, plan: FaultPlan) -> type[http.server.BaseHTTPRequestHandler]:
@@ -213,6 +247,8 @@ def _make_handler(upstream: Endpoint, plan: FaultPlan) -> type[http.server.BaseH
         def _handle(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            if plan.sts_token is not None and _sts_front(self, plan):
+                return
             fault = plan.next_fault(self.command)
             plan.log.append(
                 (self.command, self.path, self.headers.get("Range", ""), fault[0] if fault else "")

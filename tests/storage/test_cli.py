@@ -92,7 +92,10 @@ def test_user_errors_exit_2_with_one_line(
     assert "'..' segment" in capsys.readouterr().err
     monkeypatch.delenv("ENVACE_S3_SECRET_KEY")
     assert main(["store", "ls", "s3://envace/x"]) == 2
-    assert "ENVACE_S3_SECRET_KEY or AWS_SECRET_ACCESS_KEY" in capsys.readouterr().err
+    assert (
+        "ENVACE_S3_SECRET_KEY or ENVACE_S3_SECRET_KEY_FILE or AWS_SECRET_ACCESS_KEY"
+        in capsys.readouterr().err
+    )
 
 
 def test_cli_import_stays_light() -> None:

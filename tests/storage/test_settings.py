@@ -104,8 +104,8 @@ def test_missing_endpoint_or_credentials_name_the_variables(
         S3Settings.from_env({"ENVACE_S3_ENDPOINT": "h:9000"}).require("minio://b0b/x")
     message = str(info.value)
     assert "minio://b0b/x" in message
-    assert "ENVACE_S3_ACCESS_KEY or AWS_ACCESS_KEY_ID" in message
-    assert "ENVACE_S3_SECRET_KEY or AWS_SECRET_ACCESS_KEY" in message
+    assert "ENVACE_S3_ACCESS_KEY or ENVACE_S3_ACCESS_KEY_FILE or AWS_ACCESS_KEY_ID" in message
+    assert "ENVACE_S3_SECRET_KEY or ENVACE_S3_SECRET_KEY_FILE or AWS_SECRET_ACCESS_KEY" in message
     assert "endpoint (" not in message  # the endpoint was given
 
     monkeypatch.delenv("ENVACE_S3_ENDPOINT", raising=False)
