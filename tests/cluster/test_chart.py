@@ -180,19 +180,13 @@ def test_secure_defaults_on_every_pod(helm: str, values: tuple[str, ...]) -> Non
             assert container["resources"]["requests"] and container["resources"]["limits"], at
             tag = container["image"].rsplit(":", 1)[-1]
             assert tag and tag != "latest", f"{at}: unpinned image {container['image']}"
-            # Secrets reach containers as files, except the store keys of `envace train`,
-            # whose client reads only the environment (test_chart_scan.py, CKV_K8S_35).
+            # Secrets reach every container as files, never as environment variables.
             secret_env = [
                 e["name"]
                 for e in container.get("env", [])
                 if "secretKeyRef" in e.get("valueFrom", {})
             ]
-            allowed = (
-                {"ENVACE_S3_ACCESS_KEY", "ENVACE_S3_SECRET_KEY"}
-                if where.endswith("/node")
-                else set()
-            )
-            assert set(secret_env) <= allowed, f"{at}: secrets as env {secret_env}"
+            assert not secret_env, f"{at}: secrets as env {secret_env}"
 
 
 def _shm(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
@@ -295,12 +289,20 @@ def test_store_contract_reaches_pods_and_kfp(default_objects: list[dict[str, Any
     assert env["ENVACE_S3_ENDPOINT"] == endpoint
     assert env["ENVACE_S3_SECURE"] == "false"
     assert env["ENVACE_S3_REGION"] == "us-east-1"
-    assert env["ENVACE_S3_ACCESS_KEY"] == {
-        "secretKeyRef": {"name": "envace-store", "key": "access-key"}
-    }
-    assert env["ENVACE_S3_SECRET_KEY"] == {
-        "secretKeyRef": {"name": "envace-store", "key": "secret-key"}
-    }
+    # The keys as files of the store Secret, where the variables point (envace/storage/settings.py)
+    assert env["ENVACE_S3_ACCESS_KEY_FILE"] == "/credentials/store/access-key"
+    assert env["ENVACE_S3_SECRET_KEY_FILE"] == "/credentials/store/secret-key"
+    assert "ENVACE_S3_ACCESS_KEY" not in env and "ENVACE_S3_SECRET_KEY" not in env
+    runtime_pod = pod_specs(default_objects)["TrainingRuntime/envace/node"]
+    keys = next(v for v in runtime_pod["volumes"] if v["name"] == "store-credentials")["secret"]
+    assert keys["secretName"] == "envace-store"
+    assert keys["items"] == [
+        {"key": "access-key", "path": "access-key"},
+        {"key": "secret-key", "path": "secret-key"},
+    ]
+    assert {"name": "store-credentials", "mountPath": "/credentials/store", "readOnly": True} in (
+        node["volumeMounts"]
+    )
     secret = find(default_objects, "Secret", "envace-store")
     assert secret["stringData"]["access-key"] == "envace"
     assert len(secret["stringData"]["secret-key"]) == 40
@@ -336,10 +338,10 @@ def test_store_contract_reaches_pods_and_kfp(default_objects: list[dict[str, Any
 
 def test_existing_secrets_replace_generated_ones(gpu_objects: list[dict[str, Any]]) -> None:
     assert not [o for o in gpu_objects if o["kind"] == "Secret"]
-    node = pod_specs(gpu_objects)["ClusterTrainingRuntime/envace-h100/node"]["containers"][0]
-    assert (
-        env_of(node)["ENVACE_S3_ACCESS_KEY"]["secretKeyRef"]["name"] == "envace-store-credentials"
-    )
+    runtime_pod = pod_specs(gpu_objects)["ClusterTrainingRuntime/envace-h100/node"]
+    node = runtime_pod["containers"][0]
+    keys = next(v for v in runtime_pod["volumes"] if v["name"] == "store-credentials")
+    assert keys["secret"]["secretName"] == "envace-store-credentials"
     assert node["args"][3] == "minio://envace-prod/experiments"
     bucket_init = pod_specs(gpu_objects)["Job/envace-bucket-init"]
     secrets = {v["name"]: v["secret"] for v in bucket_init["volumes"] if "secret" in v}

@@ -381,7 +381,8 @@ def test_web_identity_runs_without_static_keys(helm: str, validator: ManifestVal
     env = env_of(node["containers"][0])
     assert env["ENVACE_S3_ENDPOINT"] == "s3.eu-west-1.amazonaws.com:443"
     assert env["ENVACE_S3_SECURE"] == "true"
-    assert not {"ENVACE_S3_ACCESS_KEY", "ENVACE_S3_SECRET_KEY", "AWS_ACCESS_KEY_ID"} & set(env)
+    keys = {"ENVACE_S3_ACCESS_KEY", "ENVACE_S3_SECRET_KEY", "AWS_ACCESS_KEY_ID"}
+    assert not {*keys, "ENVACE_S3_ACCESS_KEY_FILE", "ENVACE_S3_SECRET_KEY_FILE"} & set(env)
     text = json.dumps(objects)
     assert "secretKeyRef" not in text and '"secret":' not in text
     provider = yaml.safe_load(find(objects, "ConfigMap", "kfp-launcher")["data"]["providers"])

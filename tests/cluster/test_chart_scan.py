@@ -64,14 +64,6 @@ class Skip:
 
 SKIPPED_FOR = (
     Skip(
-        "CKV_K8S_35",
-        rf"^Job\.{NAMESPACE}\.[^.]+-node$",
-        "Training pods get ENVACE_S3_ACCESS_KEY / ENVACE_S3_SECRET_KEY from the store Secret as "
-        "environment variables: envace's store client reads only the environment "
-        "(envace/storage/settings.py). Every other consumer (MinIO, mc, vLLM's Hugging Face "
-        "token) reads mounted files; with store.credentials.source=webIdentity there are no keys.",
-    ),
-    Skip(
         "CKV_K8S_8",
         rf"^Pod\.{NAMESPACE}\.[^.]+-test$",
         "Liveness probe: the `helm test` Pod runs two commands to completion; probes are for "

@@ -159,9 +159,12 @@ No sign: a negative size or limit is never meant. Arguments: (list key value exa
 {{- end }}
 
 {{/*
-ENVACE_S3_* variables: the artifact-store contract of every EnvACE container. With web identity
-there are no keys: the store client takes its credentials from the ServiceAccount token
-(AWS_ROLE_ARN / AWS_WEB_IDENTITY_TOKEN_FILE, injected by EKS for the annotated ServiceAccount).
+ENVACE_S3_* variables: the artifact-store contract of every EnvACE container. The keys are files
+of the `store-credentials` volume (`envace.store.credentialsVolume`, mounted at /credentials/store
+by `envace.store.credentialsMount`), named by ENVACE_S3_ACCESS_KEY_FILE / ENVACE_S3_SECRET_KEY_FILE.
+With web identity there are no keys: the store client takes its credentials from the
+ServiceAccount token (AWS_ROLE_ARN / AWS_WEB_IDENTITY_TOKEN_FILE, injected by EKS for the
+annotated ServiceAccount).
 */}}
 {{- define "envace.store.env" -}}
 - name: ENVACE_S3_ENDPOINT
@@ -171,17 +174,18 @@ there are no keys: the store client takes its credentials from the ServiceAccoun
 - name: ENVACE_S3_SECURE
   value: {{ .Values.store.secure | quote }}
 {{- if not (include "envace.store.webIdentity" .) }}
-- name: ENVACE_S3_ACCESS_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "envace.store.secretName" . }}
-      key: {{ .Values.store.credentials.accessKeyKey }}
-- name: ENVACE_S3_SECRET_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "envace.store.secretName" . }}
-      key: {{ .Values.store.credentials.secretKeyKey }}
+- name: ENVACE_S3_ACCESS_KEY_FILE
+  value: /credentials/store/access-key
+- name: ENVACE_S3_SECRET_KEY_FILE
+  value: /credentials/store/secret-key
 {{- end }}
+{{- end }}
+
+{{/* The mount of `envace.store.credentialsVolume` that `envace.store.env` points at. */}}
+{{- define "envace.store.credentialsMount" -}}
+- name: store-credentials
+  mountPath: /credentials/store
+  readOnly: true
 {{- end }}
 
 {{/*
