@@ -11,9 +11,9 @@ same function: rank 0 alone writes reports, metrics and commits; the first proce
 prepares the tasks and the initial checkpoint on its disk while the others wait at a barrier;
 the warm start runs on every rank and rank 0's weights are broadcast so the replicas are
 identical; RL is data parallel (`envace.train.rl`); evaluations run on rank 0 with the weights
-gathered (`generation_context`) while the other ranks wait at a barrier. Checkpoints of a
-multi-node job need `--out` on a filesystem every node shares (each rank writes its DeepSpeed
-shard there and rank 0 commits the directory).
+gathered (`generation_context`) while the other ranks wait at a barrier. RL checkpoints are
+committed from every node (`commit_from_ranks`: each node's first rank uploads its ranks'
+DeepSpeed shards, rank 0 writes the manifest), so the nodes share the store, not a disk.
 """
 
 from envace.run.blocks import (
@@ -28,7 +28,7 @@ from envace.run.blocks import (
     warm_start_rows,
 )
 from envace.run.job import leave_job, require_data_parallel
-from envace.run.layout import RunPaths, TaskSplits, load_splits, prepare_tasks
+from envace.run.layout import RunPaths, TaskSplits, commit_from_ranks, load_splits, prepare_tasks
 from envace.run.loop import RunContext, rl_stage, save_rl_checkpoint
 from envace.run.main import commit_report, run_main
 
@@ -36,6 +36,7 @@ __all__ = [
     "RunContext",
     "RunPaths",
     "TaskSplits",
+    "commit_from_ranks",
     "commit_report",
     "evaluate_model",
     "init_model",

@@ -85,3 +85,25 @@ def copy_tensorboard(src: Path, dest: Path) -> None:
 
     if (src / "tensorboard").is_dir():
         shutil.copytree(src / "tensorboard", dest / "tensorboard", dirs_exist_ok=True)
+
+
+def commit_from_ranks(local: Path, uri: str, timeout_s: float, *, uploads: bool = True) -> str:
+    """Commit `uri` from every rank of a training job: each rank that `uploads` stores the
+    files of its `local` folder (its DeepSpeed shard; rank 0 also the weights and metadata),
+    rank 0 writes the manifest over all of them once every rank is done (a copy rank 0 holds
+    wins). Works across nodes: nothing needs a shared disk. Ranks that share one folder (the
+    ranks of a node under one --out) let one of them upload it. In a world of one this is
+    `commit_dir`."""
+    from envace.storage.artifacts import uncommit, upload_files, write_manifest
+    from envace.train.distributed import barrier, dist_info, gather_objects
+
+    main = dist_info().is_main
+    if main:
+        uncommit(uri)
+    barrier(f"uncommit {uri}", timeout_s)  # also: every rank has written its files
+    parts = gather_objects(upload_files(local, uri) if uploads or main else [])
+    if main:
+        merged = {e.path: e for part in reversed(parts) for e in part}  # rank 0's copy wins
+        write_manifest(uri, sorted(merged.values(), key=lambda e: e.path))
+    barrier(f"commit {uri}", timeout_s)
+    return uri

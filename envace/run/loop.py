@@ -20,8 +20,8 @@ from envace.rollout.policies import ModelPolicy
 from envace.rollout.sources import ToolResults
 from envace.run.blocks import push_weights, rollout_policy, tool_results
 from envace.run.job import wait_for_all
-from envace.run.layout import RunPaths, TaskSplits, copy_tensorboard
-from envace.train.distributed import dist_info
+from envace.run.layout import RunPaths, TaskSplits, commit_from_ranks, copy_tensorboard
+from envace.train.distributed import DEFAULT_TIMEOUT_S, dist_info
 from envace.train.engine import (
     TorchEngine,
     TrainingEngine,
@@ -152,7 +152,9 @@ def _rl_loop(
             reward=f"{rec['reward/mean']:.2f}", success=f"{rec['reward/success_rate']:.2f}"
         )
         if (it + 1) % t.save_every == 0 or it + 1 == t.iterations:
-            save_rl_checkpoint(ctx.paths, it + 1, learners, ctx.tokenizer)
+            save_rl_checkpoint(
+                ctx.paths, it + 1, learners, ctx.tokenizer, cfg.train.deepspeed.collective_timeout_s
+            )
     return ctx.model, records, learners[0].engine
 
 
@@ -175,8 +177,15 @@ def _rl_start_model(cfg: Config, paths: RunPaths, model: Any, resume_from: Path 
 
 
 def save_rl_checkpoint(
-    paths: RunPaths, it: int, learners: Sequence[Learner], tokenizer: Any
+    paths: RunPaths,
+    it: int,
+    learners: Sequence[Learner],
+    tokenizer: Any,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> str:
+    """checkpoints/rl/iter_N: every learner's weights (and DeepSpeed shards), rank 0's trainer
+    state and history, committed. Under torchrun each node's first rank uploads what its node's
+    ranks wrote (`commit_from_ranks`), so nodes need no shared disk, only the store."""
     from envace.storage.checkpoints import checkpoint_name
 
     ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
@@ -186,13 +195,17 @@ def save_rl_checkpoint(
         )
     for lr in learners:
         lr.engine.save_model(ckpt / lr.name, tokenizer)
-    if not paths.writes:  # rank 0 writes the trainer state and commits
-        return paths.store_uri(ckpt)
-    torch.save(trainer_state(it, learners), ckpt / TRAINER_STATE)
-    import shutil
+    if paths.writes:  # rank 0: the trainer state and the run's history beside the weights
+        import shutil
 
-    for name in ("metrics.jsonl", "stages.json", "config.json"):  # a resume elsewhere keeps them
-        if (paths.out / name).exists():
-            shutil.copyfile(paths.out / name, ckpt / name)
-    copy_tensorboard(paths.out, ckpt)
-    return paths.commit(ckpt)
+        torch.save(trainer_state(it, learners), ckpt / TRAINER_STATE)
+        for name in ("metrics.jsonl", "stages.json", "config.json"):  # a resume elsewhere
+            if (paths.out / name).exists():
+                shutil.copyfile(paths.out / name, ckpt / name)
+        copy_tensorboard(paths.out, ckpt)
+    info = dist_info()
+    if not info.distributed:
+        return paths.commit(ckpt)
+    ckpt.mkdir(parents=True, exist_ok=True)  # a rank may have written nothing
+    uploads = info.local_rank == 0
+    return commit_from_ranks(ckpt, paths.store_uri(ckpt), timeout_s, uploads=uploads)

@@ -21,6 +21,7 @@ from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
 from envace.run import (
     RunPaths,
+    commit_from_ranks,
     init_model,
     load_splits,
     model_policy,
@@ -44,7 +45,6 @@ from envace.stages.store import (
     TRAIN_METRICS,
     StageError,
     _commit,
-    _commit_from_ranks,
     _committed,
     _local_copy,
     _read_stored_json,
@@ -359,7 +359,7 @@ def _train_here(
             _write_train_outputs(out, learners, iteration, ckpt, made_from, metrics)
         out.mkdir(parents=True, exist_ok=True)  # a rank may have nothing else to write
         return Trained(
-            _commit_from_ranks(out, out_uri, cfg.train.deepspeed.collective_timeout_s), metrics
+            commit_from_ranks(out, out_uri, cfg.train.deepspeed.collective_timeout_s), metrics
         )
 
 

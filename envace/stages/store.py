@@ -23,10 +23,7 @@ from envace.storage.artifacts import (
     commit_dir,
     fetch_dir,
     open_store,
-    uncommit,
-    upload_files,
     verify,
-    write_manifest,
 )
 from envace.storage.checkpoints import checkpoint_name
 from envace.storage.errors import (
@@ -36,7 +33,6 @@ from envace.storage.errors import (
 )
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_key, join_uri, parse_uri
-from envace.train.distributed import dist_info
 
 log = logging.getLogger(__name__)
 
@@ -176,25 +172,6 @@ def _model_dir(uri: str, dest: Path) -> str:
 
 def _commit(local: Path, uri: str) -> str:
     commit_dir(local, uri)
-    return uri
-
-
-def _commit_from_ranks(local: Path, uri: str, timeout_s: float) -> str:
-    """Commit `uri` from every rank of a training job: each uploads its own files (its
-    DeepSpeed shard; rank 0 also the weights and metadata), rank 0 writes the manifest over
-    all of them once every rank is done. Works across nodes: nothing needs a shared disk. In a
-    world of one this is `commit_dir`."""
-    from envace.train.distributed import barrier, gather_objects
-
-    main = dist_info().is_main
-    if main:
-        uncommit(uri)
-    barrier(f"uncommit {uri}", timeout_s)
-    parts = gather_objects(upload_files(local, uri))
-    if main:
-        merged = {e.path: e for part in reversed(parts) for e in part}  # rank 0's copy wins
-        write_manifest(uri, sorted(merged.values(), key=lambda e: e.path))
-    barrier(f"commit {uri}", timeout_s)
     return uri
 
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.micro import MICRO  # noqa: E402
-from tests.helpers.ranks import run_ranks, torchrun  # noqa: E402
+from tests.helpers.ranks import run_nodes, run_ranks, torchrun  # noqa: E402
 
 SETS = [
     *MICRO,
@@ -175,14 +175,17 @@ if __name__ == "__main__":
         worker(Path(sys.argv[2]), Path(sys.argv[3]), [int(s) for s in sys.argv[4:]])
 
 
-def test_envace_run_on_two_ranks_writes_once_and_resumes(tmp_path: Path) -> None:
-    """The main job under torchrun with 2 ranks and ZeRO-3: rank 0 alone writes metrics,
-    summary and commits; each rank's DeepSpeed shard lands in the checkpoint; the final
-    weights (gathered from the shards) are the last checkpoint's; `--resume` on 2 ranks
-    continues from it."""
+def test_envace_run_on_two_nodes_without_a_shared_disk_writes_once_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """The main job as two torchrun nodes of one rank each, every node with its own --out (as
+    pods with their own disks) and one store, ZeRO-3: rank 0 alone writes metrics and summary;
+    each node uploads its own DeepSpeed shard, so the store's checkpoint holds both although
+    rank 0's disk has one; the final weights (gathered from the shards) are the last
+    checkpoint's; `--resume` on two fresh disks (restarted pods) continues from the store."""
     from safetensors.torch import load_file
 
-    out = tmp_path / "run"
+    store = tmp_path / "store"
     sets = [
         *MICRO,
         "warm_start.batch_rows=8",
@@ -193,34 +196,44 @@ def test_envace_run_on_two_ranks_writes_once_and_resumes(tmp_path: Path) -> None
         "train.eval_every=1",
         "eval.max_tasks=1",
     ]
-    base = torchrun("-m", "envace", "run", "--out", str(out))
-    base += [a for kv in sets for a in ("--set", kv)]
-    first = run_ranks([*base, "--set", "train.iterations=2"])
-    assert first.returncode == 0, first.stderr[-6000:]
-    assert "DeepSpeed engine: ZeRO-3, 2 rank(s)" in first.stderr
+
+    def nodes(disk: str, *more: str) -> list[list[str]]:
+        args = ["-m", "envace", "run", "--store", str(store), *more]
+        args += [a for kv in sets for a in ("--set", kv)]
+        return [[*args, "--out", str(tmp_path / f"{disk}{n}" / "run")] for n in range(2)]
+
+    first = run_nodes(nodes("disk", "--set", "train.iterations=2"))
+    assert all(p.returncode == 0 for p in first), [p.stderr[-4000:] for p in first]
+    assert "DeepSpeed engine: ZeRO-3, 2 rank(s)" in first[0].stderr
+    out = tmp_path / "disk0" / "run"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == 2
     assert set(summary["stages"]) == {"untrained", "warm_start", "rl"}
+    assert not (tmp_path / "disk1" / "run" / "summary.json").exists()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [1, 2]  # one writer
     assert all("eval/success_rate" in r for r in lines)
-    ckpt = out / "checkpoints" / "rl" / "iter_000002" / "policy"
-    shards = sorted(p.name for p in (ckpt / "deepspeed" / "state").iterdir())
-    assert [n for n in shards if "optim_states" in n] == [
-        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    shards = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
+    state = Path("checkpoints/rl/iter_000002/policy/deepspeed/state")
+    assert [(tmp_path / f"disk{r}" / "run" / state / shards[r]).is_file() for r in (0, 1)] == [
+        True,
+        True,
     ]
-    manifest = json.loads((ckpt.parent / "MANIFEST.json").read_text())
-    listed = {e["path"] for e in manifest["files"]}
-    assert "policy/deepspeed/state/zero_pp_rank_1_mp_rank_00_optim_states.pt" in listed
+    assert not (out / state / shards[1]).exists()  # rank 1's shard is on its own disk only
+    ckpt = store / "checkpoints" / "rl" / "iter_000002"
+    assert sorted(p.name for p in (store / state).iterdir() if "optim" in p.name) == shards
+    listed = {e["path"] for e in json.loads((ckpt / "MANIFEST.json").read_text())["files"]}
+    assert {f"policy/deepspeed/state/{s}" for s in shards} <= listed
     last, final = (
-        load_file(str(d / "model.safetensors")) for d in (ckpt, out / "checkpoints" / "final")
+        load_file(str(d / "model.safetensors"))
+        for d in (ckpt / "policy", store / "checkpoints" / "final")
     )
     assert last.keys() == final.keys()
     for key in last:
         torch.testing.assert_close(final[key], last[key], msg=key)
-    again = run_ranks([*base, "--set", "train.iterations=3", "--resume"])
-    assert again.returncode == 0, again.stderr[-6000:]
-    assert "at iteration 2" in again.stderr
+    again = run_nodes(nodes("fresh", "--set", "train.iterations=3", "--resume"))
+    assert all(p.returncode == 0 for p in again), [p.stderr[-4000:] for p in again]
+    assert "at iteration 2" in again[0].stderr
+    out = tmp_path / "fresh0" / "run"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [1, 2, 3]
