@@ -56,6 +56,9 @@ RETRY = {
 }
 
 
+CREDENTIALS_DIR = "/credentials/store"  # where every step mounts the store Secret
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     """Compile-time settings. "Model steps" are warm start, rollout, train and evaluate: they get
@@ -63,8 +66,9 @@ class PipelineOptions:
     /dev/shm of `shm_size`; prepare gets `prepare_cpu` / `prepare_memory` and no GPU.
 
     `gpu_tolerations=None` means: `nvidia.com/gpu:NoSchedule` when `gpus` > 0, else none.
-    Every step reads the store credentials from the Secret `secret` (keys `access_key_key`,
-    `secret_key_key`, the chart's defaults) as ENVACE_S3_ACCESS_KEY / ENVACE_S3_SECRET_KEY.
+    Every step mounts the Secret `secret` at /credentials/store and reads the store credentials
+    from its files `access_key_key` and `secret_key_key` (the chart's defaults), which
+    ENVACE_S3_ACCESS_KEY_FILE / ENVACE_S3_SECRET_KEY_FILE name: no key is an environment variable.
     `config_json` (the whole config as one line of JSON: a multi-line default would break the
     comment header KFP writes into the compiled YAML), `store`, `store_endpoint`, `image` and
     `gpus` become run-parameter defaults.
@@ -101,16 +105,15 @@ class PipelineOptions:
 
 
 def _common(task: Any, options: PipelineOptions, image: Any, name: str) -> None:
-    """Every step: display name, the run's image, store credentials from the Secret."""
+    """Every step: display name, the run's image, store credentials as files of the Secret."""
     task.set_display_name(name)
     task.set_container_image(image)
-    kubernetes.use_secret_as_env(
-        task,
-        secret_name=options.secret,
-        secret_key_to_env={
-            options.access_key_key: "ENVACE_S3_ACCESS_KEY",
-            options.secret_key_key: "ENVACE_S3_SECRET_KEY",
-        },
+    kubernetes.use_secret_as_volume(task, secret_name=options.secret, mount_path=CREDENTIALS_DIR)
+    task.set_env_variable(
+        "ENVACE_S3_ACCESS_KEY_FILE", f"{CREDENTIALS_DIR}/{options.access_key_key}"
+    )
+    task.set_env_variable(
+        "ENVACE_S3_SECRET_KEY_FILE", f"{CREDENTIALS_DIR}/{options.secret_key_key}"
     )
 
 

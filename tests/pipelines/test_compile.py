@@ -17,10 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "pipelines" / "envace_pipeline.yaml"
 CHECKED_IN_FLAGS = ("--gpus=1", "--image=envace-gpu:0.1.0", "--memory=64Gi", "--cpu=8")
 GPUS_PARAM = "{{$.inputs.parameters['pipelinechannel--gpus']}}"
-SECRET_ENV = [
-    {"envVar": "ENVACE_S3_ACCESS_KEY", "secretKey": "access-key"},
-    {"envVar": "ENVACE_S3_SECRET_KEY", "secretKey": "secret-key"},
-]
+KEY_FILES = {
+    "ENVACE_S3_ACCESS_KEY_FILE": "/credentials/store/access-key",
+    "ENVACE_S3_SECRET_KEY_FILE": "/credentials/store/secret-key",
+}
 
 
 def _compile(tmp_path: Path, *flags: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -172,11 +172,18 @@ def test_store_credentials_come_from_the_secret_on_every_step(
     spec, executors = gpu_pipeline
     labels = {_executor_label(spec, t) for t in _tasks(spec)}
     assert set(executors) == labels
+    """As files of the mounted Secret, named by the *_FILE variables, never as env values."""
+    containers = {
+        label: spec["deploymentSpec"]["executors"][label]["container"] for label in executors
+    }
     for label, executor in executors.items():
-        (secret,) = executor["secretAsEnv"]
+        assert "secretAsEnv" not in executor, label
+        (secret,) = executor["secretAsVolume"]
         assert secret["secretName"] == "team-store", label
-        assert secret["keyToEnv"] == SECRET_ENV
+        assert secret["mountPath"] == "/credentials/store"
         assert secret["optional"] is False
+        env = {e["name"]: e["value"] for e in containers[label]["env"]}
+        assert {k: env.get(k) for k in KEY_FILES} == KEY_FILES, label
 
 
 def test_gpu_placement_and_shm_on_model_steps_only(gpu_pipeline: tuple[Any, Any]) -> None:
