@@ -83,7 +83,7 @@ _TRANSIENT_CODES = frozenset(
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "ResourceNotFound"})
 _TRANSIENT_NETWORK = (Urllib3TimeoutError, ProtocolError, ConnectionError, socket.timeout)
-_TOKEN_VARS = "ENVACE_S3_WEB_IDENTITY_TOKEN_FILE / AWS_WEB_IDENTITY_TOKEN_FILE"
+_TOKEN_VARS = " / ".join(ENV_VARS["web_identity_token_file"])
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -154,13 +154,14 @@ class _WebIdentity(Provider):  # type: ignore[misc]
         except Exception as exc:  # the SDK raises ValueError, XML parse errors, ...
             status = re.search(r"HTTP status code (\d+)", str(exc))
             why = f"HTTP {status.group(1)}" if status else type(exc).__name__
-            role = self._settings.role_arn or "(none: ENVACE_S3_ROLE_ARN / AWS_ROLE_ARN)"
+            s = self._settings
+            role = s.role_arn or f"(none: {' / '.join(ENV_VARS['role_arn'])})"
             raise StoreAccessError(
-                f"no credentials from {self._settings.sts_url}: AssumeRoleWithWebIdentity failed ({why}) for role"
-                f" {role} with the token in {self._settings.web_identity_token_file}. Check the"
+                f"no credentials from {s.sts_url}: AssumeRoleWithWebIdentity failed ({why})"
+                f" for role {role} with the token in {s.web_identity_token_file}. Check the"
                 " role's trust policy for this service account, the token's audience, and"
-                " ENVACE_S3_STS_ENDPOINT / AWS_ENDPOINT_URL_STS; or set static keys"
-                " (ENVACE_S3_ACCESS_KEY / ENVACE_S3_SECRET_KEY)"
+                f" {' / '.join(ENV_VARS['sts_endpoint'])}; or set static keys"
+                f" ({ENV_VARS['access_key'][0]} / {ENV_VARS['secret_key'][0]})"
             ) from None
 
 

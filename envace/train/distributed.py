@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from envace.config import DeepSpeedSection
 from envace.errors import EnvaceError
 
 __all__ = [
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 # Long enough for a ZeRO-3 gather of an 8B model or a checkpoint upload between collectives,
 # short enough that a dead peer is noticed within the hour a pod would otherwise sit idle.
-DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_TIMEOUT_S: float = DeepSpeedSection.collective_timeout_s  # the config's default
 
 
 class RankFailure(EnvaceError):
