@@ -134,6 +134,11 @@ def _handler_for(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             answer = server._begin(body, dict(self.headers.items()))
             try:
                 server._wait(answer.delay_s)
+            finally:
+                # Ended before the reply is sent: a client that reads it may send its next
+                # request at once, before this thread would run again.
+                server._end()
+            try:
                 if answer.raw_body is not None:
                     self._send_text(answer.status, answer.raw_body, answer.headers)
                 elif answer.status == 200 and answer.content is not None:
@@ -143,8 +148,6 @@ def _handler_for(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     self._send(answer.status, payload, answer.headers)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (timeout): exactly what timeout tests provoke
-            finally:
-                server._end()
 
         def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             self._send_text(status, json.dumps(payload), headers or {})
