@@ -15,7 +15,7 @@ import textwrap
 import tokenize
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -33,6 +33,7 @@ __all__ = [
     "TasksConfig",
     "TrainConfig",
     "WarmStartConfig",
+    "config_from_mapping",
     "describe_config",
     "field_docs",
     "load_config",
@@ -872,6 +873,16 @@ def config_sections(text: str, source: str) -> dict[str, Any]:
 
 def config_from_text(text: str, source: str, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- the YAML (or JSON) `text` <- overrides, validated; errors name `source`."""
-    data = apply_overrides(config_sections(text, source), overrides)
-    cfg: Config = _build(Config, data)
+    return config_from_mapping(config_sections(text, source), source, overrides)
+
+
+def config_from_mapping(
+    data: Mapping[str, Any], source: str, overrides: Sequence[str] = ()
+) -> Config:
+    """Defaults <- the config sections `data` (parsed YAML, or a JSON object such as a KFP struct
+    parameter, whose numbers may arrive as floats: 3.0 for an int field is read as 3) <-
+    overrides, validated; errors name `source`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of config sections")
+    cfg: Config = _build(Config, apply_overrides(dict(data), overrides))
     return validate(cfg)

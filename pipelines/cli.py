@@ -102,6 +102,14 @@ def _pipeline_args(parser: argparse.ArgumentParser) -> None:
         "(default: envace-store, what charts/envace creates)",
     )
     parser.add_argument(
+        "--tracking-secret",
+        default="envace-tracking",
+        help="Secret with MLflow / W&B credentials, mounted optionally in every step: keys "
+        "named as the variables (MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME, "
+        "MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, WANDB_API_KEY, WANDB_BASE_URL); "
+        "a run without that Secret tracks nothing (default: envace-tracking; '' mounts none)",
+    )
+    parser.add_argument(
         "--store",
         default=None,
         help="default of the `store` run parameter (default: minio://envace/runs)",
@@ -136,7 +144,7 @@ def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
         parse_toleration,
     )
     from envace.config import load_config
-    from envace.stages import config_json
+    from envace.stages import config_struct
     from pipelines.pipeline import DEFAULT_STORE, DEFAULT_STORE_ENDPOINT, PipelineOptions
 
     if args.rounds < 0:
@@ -154,7 +162,7 @@ def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
     if args.gpu_toleration is not None:
         tolerations = tuple(parse_toleration(t) for t in args.gpu_toleration)
     return PipelineOptions(
-        config_json=config_json(load_config(args.config, args.overrides)),
+        config=config_struct(load_config(args.config, args.overrides)),
         rounds=args.rounds,
         image=args.image,
         gpus=args.gpus,
@@ -166,6 +174,7 @@ def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
         gpu_tolerations=tolerations,
         shm_size=args.shm_size,
         secret=args.secret,
+        tracking_secret=args.tracking_secret,
         store=args.store or DEFAULT_STORE,
         store_endpoint=args.store_endpoint or DEFAULT_STORE_ENDPOINT,
     )

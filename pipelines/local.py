@@ -109,29 +109,31 @@ def run_local(options: PipelineOptions, store: str, pipeline_root: Path) -> Loca
     endpoint = _local_endpoint(store, options.store_endpoint)
     with _local_environment():
         try:
-            task = pipeline(config=options.config_json, store=store, store_endpoint=endpoint)
+            task = pipeline(config=dict(options.config), store=store, store_endpoint=endpoint)
         except RuntimeError as exc:
             raise EnvaceError(
                 f"the local pipeline run failed: {exc}; the failed step's log is above"
             ) from exc
+    from envace.stages import artifact_uri
+
     outputs = task.outputs
-    evaluation = str(outputs["evaluation"])
+    evaluation = artifact_uri(outputs["evaluation"])
     with tempfile.TemporaryDirectory(prefix="envace-eval-") as tmp:
         fetch_dir(evaluation, Path(tmp))
         metrics = json.loads((Path(tmp) / "metrics.json").read_text(encoding="utf-8"))
-    return LocalRun(str(outputs["checkpoint"]), evaluation, metrics, pipeline_root)
+    return LocalRun(artifact_uri(outputs["checkpoint"]), evaluation, metrics, pipeline_root)
 
 
 def _run_local(args: argparse.Namespace) -> int:
     from envace.config import load_config
     from envace.report import text_table
-    from envace.stages import config_json
+    from envace.stages import config_struct
     from pipelines.pipeline import PipelineOptions
 
     if args.rounds < 0:
         raise UserInputError(f"--rounds must be 0 or more, got {args.rounds}")
     cfg = load_config(args.config, args.overrides)
-    options = PipelineOptions(config_json=config_json(cfg), rounds=args.rounds)
+    options = PipelineOptions(config=config_struct(cfg), rounds=args.rounds)
     result = run_local(options, args.store, args.pipeline_root)
     keys = ("success_rate", "valid_call_rate", "rehearsal_fidelity", "n_tasks")
     print(text_table(["metric", "value"], [(k, result.metrics.get(k)) for k in keys]))

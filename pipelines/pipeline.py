@@ -5,12 +5,18 @@ the train step before it wrote, a sequential dependency `dsl.ParallelFor` cannot
 
 Two kinds of settings:
 - compile time (`PipelineOptions`, the flags of `envace pipeline compile`): rounds, CPU and memory,
-  the /dev/shm size, the store-credentials Secret, and the defaults of the run parameters below;
+  the /dev/shm size, the store and tracking Secrets, and the defaults of the run parameters below;
 - run time (pipeline parameters, editable in the Kubeflow UI, each with its description there):
-  `config` (the whole config: JSON or YAML), `store`, `store_endpoint`, `image`, `gpus`,
-  `gpu_node_selector`, `gpu_tolerations` (kfp-kubernetes' JSON-parameter variants: a UI user
-  moves the model steps to a GPU pool without recompiling), `train_nodes`,
-  `train_gpus_per_node`, `trainjob_runtime`, `eval_rehearsal`.
+  `config` (a struct parameter: the config's sections as a JSON object), `store`,
+  `store_endpoint`, `image`, `gpus`, `gpu_node_selector`, `gpu_tolerations` (kfp-kubernetes'
+  JSON-parameter variants: a UI user moves the model steps to a GPU pool without recompiling),
+  `train_nodes`, `train_gpus_per_node`, `trainjob_runtime`, `eval_rehearsal`.
+
+Steps pass typed artifacts: `Dataset` (the tasks, a rollout's rows), `Model` (the initial model,
+each checkpoint), `Metrics`, `Markdown` and the evaluation's `Artifact`, so the UI draws the
+lineage from the tasks to the final model. Each points at a committed store folder (metadata
+`store_uri`, and a one-line JSON file): artifacts pass by reference, no checkpoint is copied
+into KFP's pipeline root.
 
 Prepare is cached (its outputs are a function of the config); every other step is not. Warm
 start, rollout, train and evaluate retry (`RETRY`): each is safe to rerun (a committed output of
@@ -22,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kfp import dsl, kubernetes
+from kfp.dsl import Artifact, Model
 
 from envace.cluster.trainjob import Toleration
+from envace.train.tracking import TRACKING_SECRET_DIR_ENV
 from pipelines.components import DEFAULT_IMAGE
 from pipelines.components.evaluate import evaluate
 from pipelines.components.prepare import prepare
@@ -57,6 +65,7 @@ RETRY = {
 
 
 CREDENTIALS_DIR = "/credentials/store"  # where every step mounts the store Secret
+TRACKING_DIR = "/credentials/tracking"  # where every step mounts the tracking Secret, if any
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,14 @@ class PipelineOptions:
     Every step mounts the Secret `secret` at /credentials/store and reads the store credentials
     from its files `access_key_key` and `secret_key_key` (the chart's defaults), which
     ENVACE_S3_ACCESS_KEY_FILE / ENVACE_S3_SECRET_KEY_FILE name: no key is an environment variable.
-    `config_json` (the whole config as one line of JSON: a multi-line default would break the
-    comment header KFP writes into the compiled YAML), `store`, `store_endpoint`, `image` and
-    `gpus` become run-parameter defaults.
+    The Secret `tracking_secret` ("" for none) is mounted optionally at /credentials/tracking:
+    a step exports its files named as MLflow / W&B variables (`export_tracking_secrets`), so a
+    run tracks when that Secret exists and the config or MLFLOW_TRACKING_URI asks for it.
+    `config` (the config's changes from the defaults, `envace.stages.config_struct`), `store`,
+    `store_endpoint`, `image` and `gpus` become run-parameter defaults.
     """
 
-    config_json: str
+    config: Mapping[str, Any]
     rounds: int = 2
     image: str = DEFAULT_IMAGE
     gpus: int = 0
@@ -86,6 +97,7 @@ class PipelineOptions:
     gpu_tolerations: tuple[Toleration, ...] | None = None
     shm_size: str = "2Gi"
     secret: str = "envace-store"
+    tracking_secret: str = "envace-tracking"
     access_key_key: str = "access-key"
     secret_key_key: str = "secret-key"
     store: str = DEFAULT_STORE
@@ -105,7 +117,8 @@ class PipelineOptions:
 
 
 def _common(task: Any, options: PipelineOptions, image: Any, name: str) -> None:
-    """Every step: display name, the run's image, store credentials as files of the Secret."""
+    """Every step: display name, the run's image, store credentials as files of the Secret, the
+    optional tracking Secret."""
     task.set_display_name(name)
     task.set_container_image(image)
     kubernetes.use_secret_as_volume(task, secret_name=options.secret, mount_path=CREDENTIALS_DIR)
@@ -115,6 +128,11 @@ def _common(task: Any, options: PipelineOptions, image: Any, name: str) -> None:
     task.set_env_variable(
         "ENVACE_S3_SECRET_KEY_FILE", f"{CREDENTIALS_DIR}/{options.secret_key_key}"
     )
+    if options.tracking_secret:
+        kubernetes.use_secret_as_volume(
+            task, secret_name=options.tracking_secret, mount_path=TRACKING_DIR, optional=True
+        )
+        task.set_env_variable(TRACKING_SECRET_DIR_ENV, TRACKING_DIR)
 
 
 class Placement(NamedTuple):
@@ -155,14 +173,15 @@ def _toleration_args(toleration: Toleration) -> dict[str, str]:
 
 
 class PipelineOutputs(NamedTuple):
-    checkpoint: str
-    evaluation: str
+    checkpoint: Model
+    evaluation: Artifact
 
 
 def build_pipeline(options: PipelineOptions) -> Any:
     """The pipeline for `options` (a KFP graph component: compile it, or call it under
     `kfp.local`)."""
 
+    default_config = dict(options.config)
     default_selector = dict(options.gpu_node_selector)
     default_tolerations = [_toleration_args(t) for t in options.tolerations]
 
@@ -172,7 +191,7 @@ def build_pipeline(options: PipelineOptions) -> Any:
         f"prepare -> warm start -> (rollout -> train) x {options.rounds} -> evaluate",
     )
     def envace_pipeline(
-        config: str = options.config_json,
+        config: dict = default_config,  # type: ignore[type-arg]  # bare dict: STRUCT
         store: str = options.store,
         store_endpoint: str = options.store_endpoint,
         image: str = options.image,
@@ -187,8 +206,10 @@ def build_pipeline(options: PipelineOptions) -> Any:
         """Train a tool-use agent with world rehearsal.
 
         Args:
-            config: The whole EnvACE config as JSON or YAML (docs/configuration: `envace config
-                show` prints every field with its meaning); the default is the compiled one.
+            config: The EnvACE config as a JSON object of its sections, holding what differs
+                from the defaults, e.g. {"train": {"lr": 2e-6, "iterations": 8}}; {} is the
+                defaults (docs/configuration.md; `envace config show` prints every field with
+                its meaning and default).
             store: Where every artifact goes: minio://BUCKET/PREFIX or s3://BUCKET/PREFIX.
             store_endpoint: The S3 endpoint of the store, e.g. http://envace-minio:9000.
             image: The container image of every step (envace-cpu or envace-gpu, docker/).
@@ -213,28 +234,28 @@ def build_pipeline(options: PipelineOptions) -> Any:
         prep.set_caching_options(True)
         prep.set_cpu_request(options.prepare_cpu).set_memory_request(options.prepare_memory)
         prep.set_memory_limit(options.prepare_memory)
-        tasks_uri = prep.outputs["tasks_uri"]
+        tasks = prep.outputs["tasks"]
         ws = warm_start(
             **common,
             run_id=run_id,
-            checkpoint_uri=prep.outputs["checkpoint_uri"],
-            tasks_uri=tasks_uri,
+            initial_model=prep.outputs["initial_model"],
+            tasks=tasks,
         )
-        checkpoint = _model_step(ws, options, image, "warm start", placement).output
+        checkpoint = _model_step(ws, options, image, "warm start", placement).outputs["model"]
         for it in range(options.rounds):
             ro = rollout(
                 **common,
                 run_id=run_id,
-                checkpoint_uri=checkpoint,
-                tasks_uri=tasks_uri,
+                model=checkpoint,
+                tasks=tasks,
                 iteration=it,
             )
             _model_step(ro, options, image, f"rollout {it + 1}", placement)
             tr = train(
                 **common,
                 run_id=run_id,
-                checkpoint_uri=checkpoint,
-                trajectories_uri=ro.outputs["Output"],
+                model=checkpoint,
+                trajectories=ro.outputs["trajectories"],
                 iteration=it,
                 total_iterations=options.rounds,
                 nodes=train_nodes,
@@ -243,15 +264,15 @@ def build_pipeline(options: PipelineOptions) -> Any:
                 image=image,
             )
             step = _model_step(tr, options, image, f"train {it + 1}", placement)
-            checkpoint = step.outputs["Output"]
+            checkpoint = step.outputs["trained"]
         ev = evaluate(
             **common,
             run_id=run_id,
-            checkpoint_uri=checkpoint,
-            tasks_uri=tasks_uri,
+            model=checkpoint,
+            tasks=tasks,
             rehearsal=eval_rehearsal,
         )
         _model_step(ev, options, image, "evaluate", placement)
-        return PipelineOutputs(checkpoint, ev.outputs["Output"])
+        return PipelineOutputs(checkpoint, ev.outputs["results"])
 
     return envace_pipeline

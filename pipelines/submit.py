@@ -135,11 +135,11 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _check_config_param(label: str, text: str) -> None:
+def _check_config_param(label: str, value: Mapping[str, Any]) -> None:
     from envace.stages import pipeline_config
 
     try:
-        pipeline_config(text)
+        pipeline_config(value)
     except UserInputError as exc:
         raise UserInputError(f"--param config: {_one_line(exc)}") from None
 
@@ -346,9 +346,9 @@ def _submit(args: argparse.Namespace) -> int:
     params = parse_params(args.param, inputs)
     if args.config is not None or args.overrides:
         from envace.config import load_config
-        from envace.stages import config_json
+        from envace.stages import config_struct
 
-        params["config"] = config_json(load_config(args.config, args.overrides))
+        params["config"] = config_struct(load_config(args.config, args.overrides))
     check_kfp_reachable(host)  # everything local is checked: now the one remote question
 
     def start() -> str:

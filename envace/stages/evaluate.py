@@ -41,6 +41,7 @@ class Evaluation:
     uri: str  # metrics.json, trajectories.jsonl, report.md (+ rehearsal/ with test-time rehearsal)
     metrics: dict[str, Any]  # EvalMetrics.to_dict() (+ `rehearsal/*` with test-time rehearsal)
     report: str  # Markdown
+    iteration: int  # RL iterations trained into the evaluated checkpoint (0: before RL)
 
 
 _REPORTED = (
@@ -227,4 +228,4 @@ def evaluate(
         (out / "report.md").write_text(report, encoding="utf-8")
         lines = "".join(json.dumps(trajectory_record(t)) + "\n" for t in result.trajectories)
         (out / "trajectories.jsonl").write_text(lines, encoding="utf-8")
-        return Evaluation(_commit(out, out_uri), metrics, report)
+        return Evaluation(_commit(out, out_uri), metrics, report, ckpt.meta.iteration)

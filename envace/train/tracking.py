@@ -30,6 +30,7 @@ __all__ = [
     "TrackedRun",
     "Tracker",
     "check_mlflow_uri",
+    "export_tracking_secrets",
     "flat_params",
     "plot_progress",
     "read_metrics",
@@ -363,6 +364,45 @@ def check_mlflow_uri(uri: str | None) -> None:
 
     if uri is not None and redact_url(uri) != uri:
         raise ConfigError(_CREDENTIALS_IN_URI)
+
+
+TRACKING_SECRET_DIR_ENV = "ENVACE_TRACKING_SECRET_DIR"  # a pipeline step's tracking Secret
+# The variables a mounted tracking Secret may hold, one file per variable (its key is the name).
+TRACKING_SECRET_VARS = (
+    MLFLOW_URI_ENV,
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "WANDB_API_KEY",
+    "WANDB_BASE_URL",
+)
+
+
+def export_tracking_secrets(folder: Path) -> list[str]:
+    """Set the tracking clients' environment from a mounted Secret: each file of `folder` named
+    as one of TRACKING_SECRET_VARS becomes that variable (a variable already set wins).
+    Returns the names set; values are never logged. Other files: a warning naming them. A
+    missing folder (an optional Secret that does not exist): nothing."""
+    from envace.storage.settings import read_secret_file
+
+    if not folder.is_dir():
+        return []
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    unknown = [n for n in names if n not in TRACKING_SECRET_VARS]
+    if unknown:
+        log.warning(
+            "%s: ignored keys %s (a tracking Secret holds %s)",
+            folder,
+            ", ".join(unknown),
+            ", ".join(TRACKING_SECRET_VARS),
+        )
+    exported = []
+    for name in (n for n in names if n in TRACKING_SECRET_VARS and not os.environ.get(n)):
+        os.environ[name] = read_secret_file(str(folder / name), f"{folder}/{name}")
+        exported.append(name)
+    if exported:
+        log.info("tracking: %s from %s", ", ".join(exported), folder)
+    return exported
 
 
 def _cut(value: str) -> str:

@@ -3,7 +3,6 @@ credentials, GPU placement, /dev/shm; and the checked-in package is the current 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,6 @@ import pytest
 import yaml
 
 from envace.cli import main
-from envace.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "pipelines" / "envace_pipeline.yaml"
@@ -79,10 +77,16 @@ def test_components_and_rounds_unrolled_in_order(gpu_pipeline: tuple[Any, Any]) 
     assert spec["pipelineInfo"]["name"] == "envace"
 
 
-def _input_from(task: dict[str, Any], name: str) -> str | None:
-    param = task["inputs"]["parameters"][name]
-    producer = param.get("taskOutputParameter", {}).get("producerTask")
-    return str(producer) if producer else None
+def _input_from(task: dict[str, Any], name: str) -> tuple[str, str] | None:
+    """(producer task, its output) of the input artifact `name` of `task`."""
+    source = task["inputs"]["artifacts"][name].get("taskOutputArtifact")
+    return (source["producerTask"], source["outputArtifactKey"]) if source else None
+
+
+def _artifact_types(spec: dict[str, Any], task: str, side: str) -> dict[str, str]:
+    component = spec["components"][_tasks(spec)[task]["componentRef"]["name"]]
+    artifacts = component[side].get("artifacts", {})
+    return {k: v["artifactType"]["schemaTitle"] for k, v in artifacts.items()}
 
 
 def test_dag_edges_chain_checkpoints_through_the_rounds(gpu_pipeline: tuple[Any, Any]) -> None:
@@ -100,12 +104,18 @@ def test_dag_edges_chain_checkpoints_through_the_rounds(gpu_pipeline: tuple[Any,
         "train-3": ["rollout-3", "train-2"],
         "evaluate": ["prepare", "train-3"],
     }
-    # Each train step updates the checkpoint its rollout used, from that rollout's rows.
+    # Typed artifacts carry the checkpoints and rows from step to step (the UI's lineage): each
+    # train step updates the model its rollout used, from that rollout's rows.
+    assert _input_from(tasks["warm-start"], "initial_model") == ("prepare", "initial_model")
+    assert _input_from(tasks["rollout"], "model") == ("warm-start", "model")
     for ro, tr, ckpt in (("rollout-2", "train-2", "train"), ("rollout-3", "train-3", "train-2")):
-        assert _input_from(tasks[ro], "checkpoint_uri") == ckpt
-        assert _input_from(tasks[tr], "checkpoint_uri") == ckpt
-        assert _input_from(tasks[tr], "trajectories_uri") == ro
-    assert _input_from(tasks["evaluate"], "checkpoint_uri") == "train-3"
+        assert _input_from(tasks[ro], "model") == (ckpt, "trained")
+        assert _input_from(tasks[tr], "model") == (ckpt, "trained")
+        assert _input_from(tasks[tr], "trajectories") == (ro, "trajectories")
+    for task in ("warm-start", "rollout", "rollout-3", "evaluate"):
+        assert _input_from(tasks[task], "tasks") == ("prepare", "tasks")
+    assert _input_from(tasks["evaluate"], "model") == ("train-3", "trained")
+    assert not any("_uri" in p for t in tasks.values() for p in t["inputs"].get("parameters", {}))
     iterations = {
         k: v["inputs"]["parameters"]["iteration"]["runtimeValue"]["constant"]
         for k, v in tasks.items()
@@ -117,9 +127,46 @@ def test_dag_edges_chain_checkpoints_through_the_rounds(gpu_pipeline: tuple[Any,
     }  # fmt: skip
     run_id = tasks["train-2"]["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"]
     assert run_id == "{{$.pipeline_job_uuid}}"
-    outputs = spec["root"]["dag"]["outputs"]["parameters"]
-    assert outputs["checkpoint"]["valueFromParameter"]["producerSubtask"] == "train-3"
-    assert outputs["evaluation"]["valueFromParameter"]["producerSubtask"] == "evaluate"
+    outputs = spec["root"]["dag"]["outputs"]["artifacts"]
+    assert outputs["checkpoint"]["artifactSelectors"] == [
+        {"outputArtifactKey": "trained", "producerSubtask": "train-3"}
+    ]
+    assert outputs["evaluation"]["artifactSelectors"] == [
+        {"outputArtifactKey": "results", "producerSubtask": "evaluate"}
+    ]
+
+
+def test_steps_pass_models_datasets_and_metrics(gpu_pipeline: tuple[Any, Any]) -> None:
+    spec, _ = gpu_pipeline
+    expected = {
+        "prepare": ({}, {"tasks": "system.Dataset", "initial_model": "system.Model"}),
+        "warm-start": (
+            {"initial_model": "system.Model", "tasks": "system.Dataset"},
+            {"model": "system.Model"},
+        ),
+        "rollout": (
+            {"model": "system.Model", "tasks": "system.Dataset"},
+            {"trajectories": "system.Dataset", "metrics": "system.Metrics"},
+        ),
+        "train": (
+            {"model": "system.Model", "trajectories": "system.Dataset"},
+            {"trained": "system.Model", "metrics": "system.Metrics"},
+        ),
+        "evaluate": (
+            {"model": "system.Model", "tasks": "system.Dataset"},
+            {
+                "metrics": "system.Metrics",
+                "report": "system.Markdown",
+                "results": "system.Artifact",
+            },
+        ),
+    }
+    for task, (inputs, outputs) in expected.items():
+        assert _artifact_types(spec, task, "inputDefinitions") == inputs, task
+        assert _artifact_types(spec, task, "outputDefinitions") == outputs, task
+        assert "parameters" not in spec["components"][
+            _tasks(spec)[task]["componentRef"]["name"]
+        ].get("outputDefinitions", {}), task
 
 
 def test_only_prepare_is_cached(gpu_pipeline: tuple[Any, Any]) -> None:
@@ -178,12 +225,17 @@ def test_store_credentials_come_from_the_secret_on_every_step(
     }
     for label, executor in executors.items():
         assert "secretAsEnv" not in executor, label
-        (secret,) = executor["secretAsVolume"]
-        assert secret["secretName"] == "team-store", label
-        assert secret["mountPath"] == "/credentials/store"
-        assert secret["optional"] is False
+        store, tracking = executor["secretAsVolume"]
+        assert store["secretName"] == "team-store", label
+        assert store["mountPath"] == "/credentials/store"
+        assert store["optional"] is False
+        # MLflow / W&B credentials: mounted when that Secret exists, read by stages.setup
+        assert tracking["secretName"] == "envace-tracking", label
+        assert tracking["mountPath"] == "/credentials/tracking"
+        assert tracking["optional"] is True
         env = {e["name"]: e["value"] for e in containers[label]["env"]}
         assert {k: env.get(k) for k in KEY_FILES} == KEY_FILES, label
+        assert env["ENVACE_TRACKING_SECRET_DIR"] == "/credentials/tracking"
 
 
 def test_gpu_placement_and_shm_on_model_steps_only(gpu_pipeline: tuple[Any, Any]) -> None:
@@ -209,7 +261,7 @@ def test_run_parameters_and_their_defaults(gpu_pipeline: tuple[Any, Any]) -> Non
     spec, _ = gpu_pipeline
     inputs = spec["root"]["inputDefinitions"]["parameters"]
     assert {k: v["parameterType"] for k, v in inputs.items()} == {
-        "config": "STRING",
+        "config": "STRUCT",
         "store": "STRING",
         "store_endpoint": "STRING",
         "image": "STRING",
@@ -221,8 +273,8 @@ def test_run_parameters_and_their_defaults(gpu_pipeline: tuple[Any, Any]) -> Non
         "trainjob_runtime": "STRING",
         "eval_rehearsal": "STRING",
     }
-    config = json.loads(inputs["config"]["defaultValue"])
-    assert config == load_config(None, ["train.lr=2e-6"]).to_dict()
+    # the config's changes from the defaults, as a struct the UI shows and edits
+    assert inputs["config"]["defaultValue"] == {"train": {"lr": 2e-6}}
     assert inputs["store"]["defaultValue"] == "minio://envace/runs"
     assert inputs["store_endpoint"]["defaultValue"] == "http://envace-minio:9000"
     assert inputs["train_nodes"]["defaultValue"] == 1
@@ -258,7 +310,7 @@ def test_eval_rehearsal_reaches_the_evaluate_step_only(gpu_pipeline: tuple[Any, 
     declared = component["inputDefinitions"]["parameters"]["rehearsal"]
     assert declared["parameterType"] == "STRING" and declared["defaultValue"] == ""
     body = " ".join(_container(spec, "evaluate")["command"])
-    assert "stages.evaluate(cfg, checkpoint_uri, tasks_uri, out_uri, rehearsal=rehearsal)" in body
+    assert "rehearsal=rehearsal," in body
 
 
 def test_model_steps_retry_and_prepare_is_cached_instead(gpu_pipeline: tuple[Any, Any]) -> None:
@@ -273,6 +325,14 @@ def test_model_steps_retry_and_prepare_is_cached_instead(gpu_pipeline: tuple[Any
             "backoffFactor": 2.0,
             "backoffMaxDuration": "600s",
         }, name
+
+
+def test_no_tracking_secret_mounts_none(tmp_path: Path) -> None:
+    spec, executors = _compile(tmp_path, "--tracking-secret=", "--rounds=0")
+    for label, executor in executors.items():
+        assert [v["secretName"] for v in executor["secretAsVolume"]] == ["envace-store"], label
+        env = spec["deploymentSpec"]["executors"][label]["container"]["env"]
+        assert "ENVACE_TRACKING_SECRET_DIR" not in {e["name"] for e in env}
 
 
 def test_cpu_default_asks_for_no_gpu_and_no_tolerations(tmp_path: Path) -> None:

@@ -57,6 +57,16 @@ def test_run_local_runs_every_step_against_the_s3_store(
     (train,) = root.glob("envace-*/train/executor_output.json")
     train_metrics = json.loads(train.read_text())["artifacts"]["metrics"]["artifacts"][0]
     assert "policy/loss" in train_metrics["metadata"]
+    # typed artifacts point at the committed folders (the UI's lineage, by reference)
+    trained = json.loads(train.read_text())["artifacts"]["trained"]["artifacts"][0]
+    checkpoint = f"{s3_store}/{run_id}/checkpoints/rl/iter_000001"
+    assert trained["metadata"] == {"store_uri": checkpoint}
+    assert json.loads(Path(trained["uri"]).read_text()) == {"store_uri": checkpoint}
+    results = artifacts["results"]["artifacts"][0]["metadata"]["store_uri"]
+    assert results == f"{s3_store}/{run_id}/evaluation"
+    (prepare,) = root.glob("envace-*/prepare/executor_output.json")
+    tasks = json.loads(prepare.read_text())["artifacts"]["tasks"]["artifacts"][0]["metadata"]
+    assert tasks == {"store_uri": f"{s3_store}/prepared/{digest}/tasks"}
     assert "success_rate" in printed
     assert f"final checkpoint: {s3_store}/{run_id}/checkpoints/rl/iter_000001" in printed
 

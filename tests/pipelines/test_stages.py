@@ -42,10 +42,21 @@ def test_layout_names_every_artifact_of_a_run() -> None:
             stages.RunLayout("minio://envace/runs", bad)
 
 
-def test_config_travels_as_one_line_of_json(micro_cfg: Config) -> None:
-    text = stages.config_json(micro_cfg)
-    assert "\n" not in text
-    assert stages.pipeline_config(text).to_dict() == micro_cfg.to_dict()
+def test_config_travels_as_a_struct_of_its_changes(micro_cfg: Config) -> None:
+    struct = stages.config_struct(micro_cfg)
+    assert struct["model"]["preset"] == "test-micro" and "seed" not in struct  # only changes
+    assert json.loads(json.dumps(struct)) == struct  # a JSON object, as KFP passes it
+    assert stages.pipeline_config(struct).to_dict() == micro_cfg.to_dict()
+    assert stages.config_struct(load_config(None)) == {}
+    # KFP structs carry every number as a double: integral floats read back as ints
+    floats = {"rollout": {"n": 8.0}, "train": {"iterations": 3.0}}
+    cfg = stages.pipeline_config(floats)
+    assert (cfg.rollout.n, cfg.train.iterations) == (8, 3) and isinstance(cfg.rollout.n, int)
+    with pytest.raises(ConfigError, match=r"rollout\.n: expected int, got 8\.5"):
+        stages.pipeline_config({"rollout": {"n": 8.5}})
+    with pytest.raises(ConfigError, match=r"algo\.dual_clip: null cannot be a value"):
+        stages.config_struct(load_config(None, ["algo.dual_clip=null"]))
+    # text (YAML or JSON) still reads, as an older spec's STRING parameter passed it
     assert stages.pipeline_config("train:\n  lr: 2.0e-5\n").train.lr == 2e-5
     assert stages.pipeline_config("").to_dict() == load_config(None).to_dict()
     with pytest.raises(ConfigError, match=r"train\.lr"):
@@ -67,9 +78,25 @@ def test_setup_points_the_store_client_at_the_endpoint(
     micro_cfg: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("ENVACE_S3_ENDPOINT", raising=False)
-    cfg = stages.setup(stages.config_json(micro_cfg), "http://envace-minio:9000")
+    cfg = stages.setup(stages.config_struct(micro_cfg), "http://envace-minio:9000")
     assert cfg.to_dict() == micro_cfg.to_dict()
     assert os.environ["ENVACE_S3_ENDPOINT"] == "http://envace-minio:9000"
+
+
+def test_artifacts_point_at_store_folders(tmp_path: Path) -> None:
+    from kfp.dsl import Dataset, Model
+
+    model = Model(name="trained", uri=str(tmp_path / "kfp" / "trained"))
+    assert stages.point_artifact(model, "minio://envace/runs/r/checkpoints/rl/iter_000001")
+    assert model.metadata == {"store_uri": "minio://envace/runs/r/checkpoints/rl/iter_000001"}
+    assert json.loads(Path(model.path).read_text()) == model.metadata  # the pointer file
+    # a step downstream reads the metadata, or the pointer file where metadata was lost
+    assert stages.artifact_uri(model) == model.metadata["store_uri"]
+    bare = Model(name="trained", uri=model.uri)
+    assert stages.artifact_uri(bare) == model.metadata["store_uri"]
+    foreign = Dataset(name="rows", uri=str(tmp_path / "elsewhere"))
+    with pytest.raises(stages.StageError, match=r"'rows' .* not written by an EnvACE step"):
+        stages.artifact_uri(foreign)
 
 
 def test_kfp_metrics_get_the_finite_numbers(tmp_path: Path) -> None:
@@ -413,25 +440,32 @@ def test_evaluate_component_passes_its_rehearsal_parameter_to_the_stage(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kfp.dsl import Markdown, Metrics
+    from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
     from pipelines.components.evaluate import evaluate as component
 
     cfg, store, p = prepared
     monkeypatch.setenv("ENVACE_S3_ENDPOINT", "unset")  # the component sets it; restored after
+    model = Model(name="model", uri=str(tmp_path / "model"))
+    tasks = Dataset(name="tasks", uri=str(tmp_path / "tasks"))
+    stages.point_artifact(model, p.checkpoint_uri)
+    stages.point_artifact(tasks, p.tasks_uri)
     metrics = Metrics(name="metrics", uri=str(tmp_path / "metrics"))
     report = Markdown(name="report", uri=str(tmp_path / "report.md"))
-    uri = component.python_func(
-        config=stages.config_json(cfg),
+    results = Artifact(name="results", uri=str(tmp_path / "results"))
+    component.python_func(
+        config=stages.config_struct(cfg),
         store=store,
         store_endpoint="http://store.invalid:9000",
         run_id="component",
-        checkpoint_uri=p.checkpoint_uri,
-        tasks_uri=p.tasks_uri,
+        model=model,
+        tasks=tasks,
         metrics=metrics,
         report=report,
+        results=results,
         rehearsal="parallel:1",
     )
+    uri = stages.artifact_uri(results)
     assert uri == stages.RunLayout(store, "component").evaluation
     assert "rehearsal/extra_tokens" in metrics.metadata and "success_rate" in metrics.metadata
     text = (tmp_path / "report.md").read_text()

@@ -4,6 +4,7 @@ params, and W&B runs keyed by the EnvACE run (in W&B's offline mode: no network)
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from collections.abc import Iterator
@@ -198,3 +199,38 @@ def test_a_restarted_run_logs_to_the_same_wandb_run(tmp_path: Path) -> None:
     MetricsLogger(out, tensorboard=False, wandb_project="proj", run=fresh).close()
     assert sorted(a["id"] for a in _wandb_attempts(out)) == sorted([run.key, run.key, fresh.key])
     assert fresh.key != run.key
+
+
+def test_a_mounted_tracking_secret_sets_the_clients_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pipeline step's tracking Secret (one file per key, as Kubernetes mounts it): the files
+    named as tracking variables become those variables, a variable already set wins, other
+    keys are named in a warning, no value reaches the log; no folder (the optional Secret does
+    not exist): nothing."""
+    from envace.train.tracking import TRACKING_SECRET_VARS, export_tracking_secrets
+
+    for name in TRACKING_SECRET_VARS:
+        monkeypatch.delenv(name, raising=False)
+    secret = tmp_path / "tracking"
+    secret.mkdir()
+    (secret / "MLFLOW_TRACKING_USERNAME").write_text("alice\n")
+    (secret / "MLFLOW_TRACKING_PASSWORD").write_text("s3cret-pass")
+    (secret / "WANDB_API_KEY").write_text("from-the-secret")
+    (secret / "AWS_SECRET_ACCESS_KEY").write_text("not-ours")
+    (secret / "..data").mkdir()  # the symlinked folder Kubernetes adds to a mounted Secret
+    monkeypatch.setenv("WANDB_API_KEY", "set-by-the-pod")
+    with caplog.at_level("INFO"):
+        exported = export_tracking_secrets(secret)
+    assert exported == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_USERNAME"]
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "alice"
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret-pass"
+    assert os.environ["WANDB_API_KEY"] == "set-by-the-pod"
+    assert "ignored keys AWS_SECRET_ACCESS_KEY" in caplog.text
+    assert not {"s3cret-pass", "alice", "not-ours"} & set(caplog.text.split())
+    assert "s3cret-pass" not in caplog.text
+    assert export_tracking_secrets(tmp_path / "absent") == []
+    (secret / "MLFLOW_TRACKING_TOKEN").write_text("   ")
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+    with pytest.raises(ConfigError, match="MLFLOW_TRACKING_TOKEN: the file is empty"):
+        export_tracking_secrets(secret)

@@ -301,3 +301,37 @@ def test_a_run_that_loses_its_pod_keeps_its_tensorboard_events_and_mlflow_run(
     for path in [*store.rglob("*"), *(tmp_path / "pod2").rglob("*")]:
         assert not path.is_file() or secret not in path.read_bytes(), path
     assert credentials.password not in caplog.text
+
+
+@pytest.mark.slow
+def test_pipeline_steps_track_into_one_mlflow_run(
+    tmp_path: Path, credentials: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole pipeline under KFP's local runner (micro model, one round), MLflow turned on by
+    $MLFLOW_TRACKING_URI as a Secret would on the cluster: the rollout, train and evaluate
+    steps, each its own process, log into ONE MLflow run keyed by the pipeline run's store
+    folder, at the RL iteration; a retried step's values are not logged twice."""
+    from envace import stages
+    from envace.config import load_config
+    from pipelines.local import run_local
+    from pipelines.pipeline import PipelineOptions
+    from tests.helpers.micro import MICRO
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", credentials.uri)
+    cfg = load_config(None, [*MICRO, "eval.max_tasks=1", "mlflow_experiment=pipeline"])
+    store = tmp_path / "store"
+    result = run_local(PipelineOptions(stages.config_struct(cfg), rounds=1), str(store), tmp_path)
+    run_uri = result.checkpoint_uri.rsplit("/checkpoints/", 1)[0]
+    (run,) = _runs(credentials, "pipeline")
+    assert _tags(run)["envace.run"] == run_uri and run["info"]["status"] == "FINISHED"
+    run_id = run["info"]["run_id"]
+    assert [s for s, _ in _history(credentials, run_id, "reward/mean")] == [1]  # rollout
+    assert [s for s, _ in _history(credentials, run_id, "policy/loss")] == [1]  # train
+    success = result.metrics["success_rate"]
+    assert _history(credentials, run_id, "eval/success_rate") == [(1, success)]  # evaluate
+    assert _params(run)["model.preset"] == "test-micro"
+    # a retry of the evaluate step sends its values again: MLflow keeps one per step
+    assert stages.track_metrics(cfg, run_uri, 1, {"eval/success_rate": success + 0.5})
+    assert _history(credentials, run_id, "eval/success_rate") == [(1, success)]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert not stages.track_metrics(cfg, run_uri, 1, {"eval/success_rate": 0.0})  # none on
