@@ -34,7 +34,13 @@ from envace.storage.errors import (
 )
 from envace.storage.manifest import MANIFEST_NAME
 from envace.storage.uri import join_key, join_uri, parse_uri
-from envace.train.tracking import TRACKING_SECRET_DIR_ENV, export_tracking_secrets
+from envace.train.tracking import (
+    TRACKING_SECRET_DIR_ENV,
+    MetricsLogger,
+    MlflowTarget,
+    TrackedRun,
+    export_tracking_secrets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +158,6 @@ def track_metrics(cfg: Config, run_uri: str, step: int, values: Mapping[str, Any
     (`TrackedRun`): every step and every retry continues it, and a retry does not log a step's
     values twice. Returns whether any tracker is on. A tracker that cannot be reached fails
     the step (it retries; the step's committed output is kept)."""
-    from envace.train.tracking import MetricsLogger, MlflowTarget, TrackedRun
-
     mlflow = MlflowTarget.from_config(cfg)
     if mlflow is None and not cfg.wandb_project:
         return False
