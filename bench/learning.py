@@ -9,6 +9,10 @@ evaluation, run one cell per mode —
   external    RL against a frozen simulator: the warm-started model itself, served behind the
               external mode (the environment-scaling baseline),
   real        RL in the real worlds (upper bound),
+and two levers of issue 16's item 5, the method with its simulator rows scored against the real
+worlds of the training tasks (`algo.simulator_reward`) —
+  fidelity_reward  rehearsal, simulator rows scored by their field fidelity alone,
+  mixed_reward     rehearsal, simulator rows scored by the mean of task reward and fidelity,
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -45,6 +49,8 @@ from envace.config import Config, load_config
 from envace.tasks.io import atomic_write_text
 
 MODES = ("warm_start", "rehearsal", "noshare", "external", "real")
+LEVERS = {"fidelity_reward": "fidelity", "mixed_reward": "mixed"}  # mode -> algo.simulator_reward
+CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
 REHEARSAL = "parallel:4"
 SECTION = "## Learning study (bench/learning.py)"
@@ -56,6 +62,8 @@ def mode_config(base: Config, mode: str) -> Config:
     cfg = copy.deepcopy(base)
     if mode == "noshare":
         cfg.rollout.mode, cfg.algo.sharing = "rehearsal", "noshare"
+    elif mode in LEVERS:
+        cfg.rollout.mode, cfg.algo.simulator_reward = "rehearsal", LEVERS[mode]  # type: ignore[assignment]
     elif mode in ("rehearsal", "external", "real"):
         cfg.rollout.mode = mode  # type: ignore[assignment]
     if mode == "external":
@@ -191,7 +199,8 @@ def summarize(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     data["seeds"] = seeds
     data["modes"] = {
         m: {"success": col("mode", m, "success"), "fidelity": col("mode", m, "fidelity_field")}
-        for m in MODES
+        for m in CELL_MODES
+        if m in MODES or any(cell_key("mode", m, s) in cells for s in seeds)
     }
     data["test_time"] = {
         p: {"plain": col("mode", p, "success"), "parallel4": col("test_time", p, "success")}
@@ -303,7 +312,7 @@ def table(data: dict[str, Any]) -> str:
         "| cell | " + " | ".join(label for _, label in keys) + " |",
         "|---|" + "---|" * len(keys),
     ]
-    rows = [("mode", m, m) for m in MODES] + [
+    rows = [("mode", m, m) for m in CELL_MODES] + [
         ("test_time", p, f"{p} + {REHEARSAL}") for p in TEST_TIME
     ]
     for kind, name, label in rows:
@@ -322,8 +331,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cells, seeds = data["cells"], data["seeds"]
-    labels = [*MODES, *(f"{p}\n+{REHEARSAL}" for p in TEST_TIME)]
-    keys = [("mode", m) for m in MODES] + [("test_time", p) for p in TEST_TIME]
+    ran = [m for m in LEVERS if any(cell_key("mode", m, s) in cells for s in seeds)]
+    labels = [*MODES, *ran, *(f"{p}\n+{REHEARSAL}" for p in TEST_TIME)]
+    keys = [("mode", m) for m in (*MODES, *ran)] + [("test_time", p) for p in TEST_TIME]
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=120)
     for i, (kind, name) in enumerate(keys):
         xs = [
@@ -368,12 +378,28 @@ def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> N
     atomic_write_text(doc, text)
 
 
-def first_difference(old: Any, new: Any, path: str = "") -> str:
+def first_difference(old: Any, new: Any, default: Any, path: str = "") -> str | None:
+    """Where the config of a results file's cells and this run's differ, or None. A field the
+    file's config lacks (added to the code since) counts only when set away from its default:
+    at its default it changes nothing the earlier cells did."""
     if isinstance(old, dict) and isinstance(new, dict):
+        default = default if isinstance(default, dict) else {}
         for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                return first_difference(old.get(key), new.get(key), f"{path}.{key}".lstrip("."))
-    return f"{path or '<root>'}: {old!r} there, {new!r} now"
+            where = f"{path}.{key}".lstrip(".")
+            if key not in old and key in default and new.get(key) == default[key]:
+                continue
+            diff = first_difference(old.get(key), new.get(key), default.get(key), where)
+            if diff is not None:
+                return diff
+        return None
+    return None if old == new else f"{path or '<root>'}: {old!r} there, {new!r} now"
+
+
+def machine_dtype(cfg: Config) -> str:
+    """What `model.dtype` resolves to on this machine (auto: bfloat16 or float32 by the CPU)."""
+    from envace.policy.hf_backend import resolve_dtype
+
+    return str(resolve_dtype(cfg.model.dtype)).removeprefix("torch.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/local.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=CELL_MODES)
     p.add_argument("--no-test-time", dest="test_time", action="store_false")
     p.add_argument("--out", type=Path, default=Path("runs/study"))
     p.add_argument("--results", type=Path, default=Path("bench/results/learning.json"))
@@ -405,13 +431,21 @@ def main(argv: list[str] | None = None) -> int:
                 " another --results file"
             )
         config = json.loads(json.dumps(dataclasses.asdict(base)))
-        if data.get("config") not in (None, config):
-            diff = first_difference(data["config"], config)
+        defaults = json.loads(json.dumps(dataclasses.asdict(Config())))
+        diff = first_difference(data.get("config", config), config, defaults)
+        if diff is not None:
             raise SystemExit(
                 f"{args.results} holds cells run with another config ({diff}); a study compares"
                 " cells of one budget: give another --results file (and --out)"
             )
-        data |= {"model": model, "config": config}
+        dtype = machine_dtype(base)
+        if data.get("dtype") not in (None, dtype):
+            raise SystemExit(
+                f"{args.results} holds cells trained in {data['dtype']}, but model.dtype "
+                f"{base.model.dtype!r} is {dtype} on this machine: their numbers would not "
+                "compare; give another --results file (and --out), or run on a machine like theirs"
+            )
+        data |= {"model": model, "config": data.get("config", config), "dtype": dtype}
         save(args.results, data)
         data = run_cells(base, args.seeds, args.modes, args.test_time, args.out, args.results)
     write_report(data, args.doc, command, args.label)

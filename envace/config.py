@@ -151,6 +151,12 @@ class AlgoConfig:
     kl_kind: Literal["low_var_kl", "kl", "mse"] = "low_var_kl"  # the KL estimator (verl's names)
     # which roles' rows train: both (the method), or one of them (ablations)
     train_roles: Literal["both", "caller", "simulator"] = "both"
+    # what a simulator row scores: task (its trajectory's reward: the method, no real world
+    # needed), fidelity (its rehearsal's field agreement with the real world's answer to the
+    # same calls, where the training task has a world: a lever that uses the worlds in
+    # training), or mixed (the mean of the two); rows of tasks without a world keep the task
+    # reward. Rehearsal mode only.
+    simulator_reward: Literal["task", "fidelity", "mixed"] = "task"
 
 
 @dataclass
@@ -615,6 +621,12 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             f"algo.train_roles: 'simulator' trains nothing when rollout.mode is "
             f"{cfg.rollout.mode!r} (no simulator rows are trained); use rollout.mode: rehearsal"
+        )
+    if cfg.rollout.mode != "rehearsal" and cfg.algo.simulator_reward != "task":
+        raise ConfigError(
+            f"algo.simulator_reward: {cfg.algo.simulator_reward!r} scores the simulator rows the "
+            f"policy trains on, but rollout.mode {cfg.rollout.mode!r} trains none; use "
+            "simulator_reward: task, or rollout.mode: rehearsal"
         )
     if cfg.rollout.external_model and cfg.rollout.external_endpoint:
         raise ConfigError(

@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from envace.envs.base import is_error_result
+from envace.reward.fidelity import canonical_json, field_agreement
 from envace.rollout.types import CallRecord, Trajectory
 
 __all__ = ["EvalMetrics", "field_agreement", "summarize"]
-
-
-def _canon(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def field_agreement(real: Any, rehearsed: Any) -> float:
-    """Fraction of top-level fields (union of keys) with equal values; non-objects: 0 or 1."""
-    if isinstance(real, dict) and isinstance(rehearsed, dict):
-        keys = set(real) | set(rehearsed)
-        if not keys:
-            return 1.0
-        same = sum(
-            1
-            for k in keys
-            if k in real and k in rehearsed and _canon(real[k]) == _canon(rehearsed[k])
-        )
-        return same / len(keys)
-    return 1.0 if _canon(real) == _canon(rehearsed) else 0.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +47,9 @@ def _fidelity(calls: Sequence[CallRecord]) -> tuple[float | None, ...]:
     if not probed:
         return None, None, None, None
     exact = [
-        1.0 if c.rehearsal_error is None and _canon(c.result) == _canon(c.rehearsed) else 0.0
+        1.0
+        if c.rehearsal_error is None and canonical_json(c.result) == canonical_json(c.rehearsed)
+        else 0.0
         for c in probed
     ]
     fields = [0.0 if c.rehearsal_error else field_agreement(c.result, c.rehearsed) for c in probed]

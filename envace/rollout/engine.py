@@ -28,6 +28,7 @@ from envace.policy.chat import tool_message_content
 from envace.policy.parsing import ParseError, parse_execution_result, parse_tool_calls
 from envace.policy.prompts import build_rehearse_messages, compact_tools, grounding_from_reference
 from envace.policy.types import Generation, SamplingParams, ToolCall
+from envace.reward.fidelity import field_agreement
 from envace.rollout.policies import GenRequest, Policy
 from envace.rollout.types import CallRecord, EndReason, Role, Row, Trajectory
 from envace.rollout.validation import call_is_schema_valid
@@ -65,6 +66,9 @@ class RolloutConfig:
     grounding: bool = True  # give the simulator the task's logged real calls and results
     sim_whitelist: Literal["schemas", "names"] = "schemas"
     probe_fidelity: bool = False  # real mode: also let the policy rehearse each real call
+    # rehearsal/external modes: score each rehearsed result against the real world's answer to
+    # the same calls where the task has a world (`Row.fidelity`, `Episode.shadow_result`)
+    score_rehearsals: bool = False
     think_switch: str = ""  # appended to simulator prompts ("/think" for Qwen3 thinking)
     max_micro_steps: int = 200
     # full: the task's tool schemas as given. compact: descriptions, types, enums and required
@@ -94,6 +98,7 @@ class RolloutConfig:
             sim_whitelist=r.sim_whitelist,
             think_switch="/think" if cfg.model.enable_thinking else "",
             tool_schemas=r.tool_schemas,
+            score_rehearsals=r.mode != "real",
         )
 
 
@@ -169,7 +174,7 @@ class Episode:
         self.caller_raw = ""
         self.issued: list[ToolCall] = []  # every call of the episode, in order
         self._shadow: Environment | None = None
-        self._shadow_applied = 0
+        self._shadow_results: list[Any] = []  # the real results of `issued`, replayed so far
         self._grounding = grounding_from_reference(task.reference) if cfg.grounding else []
         # What both roles see of the tools (the real worlds always check the full schemas).
         self.tools = compact_tools(task.tools) if cfg.tool_schemas == "compact" else task.tools
@@ -261,6 +266,11 @@ class Episode:
         assert self.simulator is not None
         trainable = self.simulator.trainable and self.cfg.mode != "real"
         self._add_row(Role.SIMULATOR, req, gen, trainable, parsed.error is None)
+        if self.cfg.score_rehearsals and self.cfg.mode != "real" and self.task.environment:
+            real = self.shadow_result()
+            self.traj.rows[-1].fidelity = (
+                0.0 if parsed.error is not None else field_agreement(real, parsed.result)
+            )
         call = self.pending[self.cursor]
         if self.cfg.mode == "real":  # a fidelity probe: the real world still answers
             result = self._execute_real(call)
@@ -335,12 +345,10 @@ class Episode:
             self._shadow = make_environment(self.task.environment.name)
             self._shadow.reset(self.task.environment.initial_state)
         index = len(self.issued) - len(self.pending) + self.cursor
-        result: Any = None
-        while self._shadow_applied <= index:
-            c = self.issued[self._shadow_applied]
-            result = self._shadow.call(c.name, c.arguments)
-            self._shadow_applied += 1
-        return result
+        while len(self._shadow_results) <= index:
+            c = self.issued[len(self._shadow_results)]
+            self._shadow_results.append(self._shadow.call(c.name, c.arguments))
+        return self._shadow_results[index]
 
     # --- internals ----------------------------------------------------------------------------
     def _start_turn(self) -> None:

@@ -76,6 +76,7 @@ def _parquet_schema() -> Any:
             ("text", pa.string()),
             ("reward", pa.float64()),
             ("advantage", pa.float64()),
+            ("fidelity", pa.float64()),
         ]
     )
 

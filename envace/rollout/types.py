@@ -39,7 +39,10 @@ class Row:
 
     prompt_ids: (P,) the exact prompt ids; response_ids: (R,) the exact sampled ids;
     logprobs: (R,) sampling log-probabilities. `trainable` is False for rows written by a model
-    that is not being trained (an external simulator) and for evaluation probes.
+    that is not being trained (an external simulator) and for evaluation probes. `fidelity`: a
+    rehearsed tool result's field agreement with the real world's answer to the same calls
+    (`envace.reward.fidelity.field_agreement`; 0 for a malformed one), where the task has a world
+    and the rollout scores rehearsals; None elsewhere.
     """
 
     role: Role
@@ -56,6 +59,7 @@ class Row:
     text: str = ""
     reward: float | None = None
     advantage: float | None = None
+    fidelity: float | None = None
 
 
 @dataclass

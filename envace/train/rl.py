@@ -5,7 +5,8 @@ One iteration (the reference's "step"):
    iteration number) and roll each out `n` times — tool results rehearsed by the policy, executed
    in the real worlds, or written by an external simulator, by `rollout.mode`;
 2. every row of a trajectory gets the trajectory's reward (minus the empty-response penalty);
-   unscored trajectories (a failed judge) are masked, never scored 0;
+   unscored trajectories (a failed judge) are masked, never scored 0; `algo.simulator_reward`
+   may score simulator rows by their rehearsal fidelity instead (`row_score`);
 3. advantages per (task uid, role) group;
 4. `ppo_epochs` passes of PPO-clip over the trainable rows, in micro-batches whose losses add up
    to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy).
@@ -62,7 +63,14 @@ from envace.train.distributed import (
 )
 from envace.train.engine import TrainingEngine, require_finite_weights
 
-__all__ = ["RLTrainer", "generation_ready", "iteration_seed", "pack_trajectories", "sample_tasks"]
+__all__ = [
+    "RLTrainer",
+    "generation_ready",
+    "iteration_seed",
+    "pack_trajectories",
+    "row_score",
+    "sample_tasks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +238,9 @@ class RLTrainer:
         rows = [r for t in trajs for r in t.rows]
         reward_of = {t.traj_id: t.reward for t in trajs}
         scores = apply_empty_penalty(
-            [reward_of[r.traj_id] for r in rows], [r.valid for r in rows], a.empty_penalty
+            [row_score(r, reward_of[r.traj_id], a.simulator_reward) for r in rows],
+            [r.valid for r in rows],
+            a.empty_penalty,
         )
         res = compute_advantages(
             scores,
@@ -423,6 +433,17 @@ class _Plan:
     stats: dict[str, float]
 
 
+def row_score(row: Row, task_reward: float | None, simulator_reward: str) -> float | None:
+    """A row's score before the empty penalty: its trajectory's reward, except a simulator
+    row with a measured fidelity under `algo.simulator_reward` fidelity (the fidelity) or mixed
+    (the mean of the two; unscored when the trajectory is)."""
+    if row.role is not Role.SIMULATOR or row.fidelity is None or simulator_reward == "task":
+        return task_reward
+    if simulator_reward == "fidelity":
+        return row.fidelity
+    return None if task_reward is None else (task_reward + row.fidelity) / 2
+
+
 def _rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     scored = [t for t in trajs if t.reward is not None]
     rows = [r for t in trajs for r in t.rows]
@@ -437,6 +458,9 @@ def _rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         / max(1, len(sim_rows)),
         "rollout/calls_per_episode": sum(len(t.calls) for t in trajs) / max(1, len(trajs)),
     }
+    scored_sims = [r.fidelity for r in sim_rows if r.fidelity is not None]
+    if scored_sims:  # rehearsals of tasks with a world, against that world's answers
+        out["rollout/sim_field_fidelity"] = sum(scored_sims) / len(scored_sims)
     for t in trajs:
         key = f"end/{t.end_reason}"
         out[key] = out.get(key, 0.0) + 1.0

@@ -123,3 +123,59 @@ def test_mode_settings() -> None:
     assert bench.mode_config(base, "real").rollout.mode == "real"
     assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"
     assert bench.mean_std([None]) == "n/a"
+
+
+def test_a_field_added_since_counts_only_away_from_its_default(tmp_path: Path) -> None:
+    """Cells stored before `algo.simulator_reward` existed still compare with a run that leaves
+    it at its default (the code's new field changes nothing there); set away from it, refused.
+    A file of cells trained in another dtype is refused too (auto differs by CPU)."""
+    bench = _bench()
+    import dataclasses
+
+    from envace.config import Config, load_config
+
+    args = _args(tmp_path, "--seeds", "0", "--modes", "warm_start", "--report")
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    new = json.loads(
+        json.dumps(dataclasses.asdict(load_config(ROOT / "configs" / "local.yaml", sets)))
+    )
+    defaults = json.loads(json.dumps(dataclasses.asdict(Config())))
+    old = json.loads(json.dumps(new))
+    del old["algo"]["simulator_reward"]
+    assert bench.first_difference(old, new, defaults) is None
+    new["algo"]["simulator_reward"] = "fidelity"
+    assert bench.first_difference(old, new, defaults) == (
+        "algo.simulator_reward: None there, 'fidelity' now"
+    )
+    assert bench.first_difference(new, new, defaults) is None
+
+    run = _args(tmp_path, "--seeds", "0", "--modes", "warm_start")
+    results = tmp_path / "learning.json"
+    stored = {"model": "test-micro", "dtype": "bfloat16", "cells": {"mode/warm_start/seed0": {}}}
+    results.write_text(json.dumps(stored))
+    with pytest.raises(
+        SystemExit, match=r"trained in bfloat16, but model.dtype 'float32' is float32"
+    ):
+        bench.main(run)
+    assert json.loads(results.read_text()) == stored  # nothing overwritten
+
+
+def test_lever_modes_rehearse_with_the_simulator_rows_scored_by_fidelity() -> None:
+    bench = _bench()
+    from envace.config import load_config
+
+    base = load_config(ROOT / "configs" / "local.yaml", MICRO)
+    for mode, reward in (("fidelity_reward", "fidelity"), ("mixed_reward", "mixed")):
+        cfg = bench.mode_config(base, mode)
+        assert (cfg.rollout.mode, cfg.algo.simulator_reward, cfg.algo.sharing) == (
+            "rehearsal",
+            reward,
+            "share",
+        )
+    assert bench.mode_config(base, "rehearsal").algo.simulator_reward == "task"
+    # a lever's cells enter the headline shape and the table only once they ran
+    data = {"cells": {"mode/fidelity_reward/seed0": {"success": 0.25, "fidelity_field": 0.5}}}
+    summary = bench.summarize(data, [0, 1])
+    assert summary["modes"]["fidelity_reward"] == {"success": [0.25, None], "fidelity": [0.5, None]}
+    assert "mixed_reward" not in summary["modes"] and "noshare" in summary["modes"]
+    assert "| fidelity_reward | 0.250 (1 seed) |" in bench.table(summary)

@@ -32,6 +32,7 @@ rows = st.builds(
     text=st.text(max_size=40),
     reward=st.none() | floats,
     advantage=st.none() | floats,
+    fidelity=st.none() | floats,
 )
 
 
@@ -51,6 +52,7 @@ def _row(**changes: object) -> Row:
         "text": '{"ok": true}',
         "reward": 0.75,
         "advantage": -0.125,
+        "fidelity": 0.5,
     }
     return Row(**{**base, **changes})  # type: ignore[arg-type]
 

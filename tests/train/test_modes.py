@@ -32,6 +32,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
         (["rollout.mode=external"], {"policy"}),
         (["algo.sharing=noshare"], {"caller", "simulator"}),
         (["algo.train_roles=caller"], {"policy"}),
+        (["algo.simulator_reward=fidelity"], {"policy"}),
     ],
 )
 def test_mode_runs_and_updates(
@@ -53,6 +54,9 @@ def test_mode_runs_and_updates(
     rec = records[-1]
     if cfg.rollout.mode == "real":
         assert rec["rows/simulator"] == 0.0
+        assert "rollout/sim_field_fidelity" not in rec  # no rehearsal to score
+    elif rec["rows/simulator"] > 0:  # rehearsals of worlds' tasks, scored against the worlds
+        assert 0.0 <= rec["rollout/sim_field_fidelity"] <= 1.0
     if cfg.rollout.mode == "external":
         assert rec["policy/rows"] <= rec["rows/caller"]  # simulator rows are not trained
     if cfg.algo.train_roles == "caller":
