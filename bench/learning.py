@@ -9,10 +9,13 @@ evaluation, run one cell per mode —
   external    RL against a frozen simulator: the warm-started model itself, served behind the
               external mode (the environment-scaling baseline),
   real        RL in the real worlds (upper bound),
-and two levers of issue 16's item 5, the method with its simulator rows scored against the real
-worlds of the training tasks (`algo.simulator_reward`) —
-  fidelity_reward  rehearsal, simulator rows scored by their field fidelity alone,
-  mixed_reward     rehearsal, simulator rows scored by the mean of task reward and fidelity,
+and the levers of issue 16's item 5 (`LEVERS`: the method with one setting changed) —
+  fidelity_reward  simulator rows scored by their field fidelity against the real worlds of the
+                   training tasks alone (`algo.simulator_reward: fidelity`),
+  mixed_reward     simulator rows scored by the mean of task reward and fidelity,
+  mask_sim_errors  caller rows of episodes a malformed rehearsal ended masked, not scored
+                   (`algo.mask_sim_errors`),
+  high_lr          a larger RL step (`train.lr: 1e-4`; configs/local.yaml: 2e-5),
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -45,11 +48,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from envace.config import Config, load_config
+from envace.config import Config, config_from_mapping, load_config
 from envace.tasks.io import atomic_write_text
 
 MODES = ("warm_start", "rehearsal", "noshare", "external", "real")
-LEVERS = {"fidelity_reward": "fidelity", "mixed_reward": "mixed"}  # mode -> algo.simulator_reward
+# lever cells of issue 16's item 5: the method (rehearsal, shared weights) with these overrides
+LEVERS: dict[str, tuple[str, ...]] = {
+    "fidelity_reward": ("algo.simulator_reward=fidelity",),
+    "mixed_reward": ("algo.simulator_reward=mixed",),
+    "mask_sim_errors": ("algo.mask_sim_errors=true",),
+    "high_lr": ("train.lr=1e-4",),
+}
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
 REHEARSAL = "parallel:4"
@@ -63,7 +72,8 @@ def mode_config(base: Config, mode: str) -> Config:
     if mode == "noshare":
         cfg.rollout.mode, cfg.algo.sharing = "rehearsal", "noshare"
     elif mode in LEVERS:
-        cfg.rollout.mode, cfg.algo.simulator_reward = "rehearsal", LEVERS[mode]  # type: ignore[assignment]
+        sets = ("rollout.mode=rehearsal", "algo.sharing=share", *LEVERS[mode])
+        return config_from_mapping(cfg.to_dict(), f"lever {mode}", sets)
     elif mode in ("rehearsal", "external", "real"):
         cfg.rollout.mode = mode  # type: ignore[assignment]
     if mode == "external":

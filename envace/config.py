@@ -157,6 +157,11 @@ class AlgoConfig:
     # training), or mixed (the mean of the two); rows of tasks without a world keep the task
     # reward. Rehearsal mode only.
     simulator_reward: Literal["task", "fidelity", "mixed"] = "task"
+    # true: the caller rows of an episode that a malformed tool result (simulator format
+    # error) ended are masked, as an unscored trajectory's, instead of scored by the truncated
+    # episode's reward (the caller is not punished for the simulator's slip); its simulator
+    # rows keep their score. Rehearsal and external modes (real mode has no such ends)
+    mask_sim_errors: bool = False
 
 
 @dataclass
@@ -627,6 +632,12 @@ def validate(cfg: Config) -> Config:
             f"algo.simulator_reward: {cfg.algo.simulator_reward!r} scores the simulator rows the "
             f"policy trains on, but rollout.mode {cfg.rollout.mode!r} trains none; use "
             "simulator_reward: task, or rollout.mode: rehearsal"
+        )
+    if cfg.rollout.mode == "real" and cfg.algo.mask_sim_errors:
+        raise ConfigError(
+            "algo.mask_sim_errors: true masks episodes that a malformed rehearsed result ended, "
+            "but in rollout.mode 'real' the real worlds answer every call (no such episode); "
+            "use mask_sim_errors: false, or rollout.mode: rehearsal or external"
         )
     if cfg.rollout.external_model and cfg.rollout.external_endpoint:
         raise ConfigError(

@@ -6,7 +6,8 @@ One iteration (the reference's "step"):
    in the real worlds, or written by an external simulator, by `rollout.mode`;
 2. every row of a trajectory gets the trajectory's reward (minus the empty-response penalty);
    unscored trajectories (a failed judge) are masked, never scored 0; `algo.simulator_reward`
-   may score simulator rows by their rehearsal fidelity instead (`row_score`);
+   may score simulator rows by their rehearsal fidelity instead, and `algo.mask_sim_errors`
+   masks the caller rows of episodes a malformed rehearsal ended (`row_score`);
 3. advantages per (task uid, role) group;
 4. `ppo_epochs` passes of PPO-clip over the trainable rows, in micro-batches whose losses add up
    to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy).
@@ -50,7 +51,7 @@ from envace.errors import ConfigError, require_finite
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
 from envace.rollout.policies import Policy
 from envace.rollout.sources import ToolResults
-from envace.rollout.types import Role, Row, Trajectory
+from envace.rollout.types import EndReason, Role, Row, Trajectory
 from envace.tasks.model import Task
 from envace.train.batch import MicroBatch, TrainRow, make_micro_batches, pack_prefix_rows
 from envace.train.distributed import (
@@ -65,6 +66,7 @@ from envace.train.engine import TrainingEngine, require_finite_weights
 
 __all__ = [
     "RLTrainer",
+    "ended_by_simulator",
     "generation_ready",
     "iteration_seed",
     "pack_trajectories",
@@ -237,8 +239,17 @@ class RLTrainer:
         a = self.cfg.algo
         rows = [r for t in trajs for r in t.rows]
         reward_of = {t.traj_id: t.reward for t in trajs}
+        masked = {t.traj_id for t in trajs if a.mask_sim_errors and ended_by_simulator(t)}
         scores = apply_empty_penalty(
-            [row_score(r, reward_of[r.traj_id], a.simulator_reward) for r in rows],
+            [
+                row_score(
+                    r,
+                    reward_of[r.traj_id],
+                    a.simulator_reward,
+                    mask_caller=r.traj_id in masked,
+                )
+                for r in rows
+            ],
             [r.valid for r in rows],
             a.empty_penalty,
         )
@@ -253,7 +264,10 @@ class RLTrainer:
         )
         for r, s, adv in zip(rows, scores, res.advantages, strict=True):
             r.reward, r.advantage = s, adv
-        return rows, res.metrics()
+        metrics = res.metrics()
+        if a.mask_sim_errors:
+            metrics["reward/caller_masked_episodes"] = float(len(masked))
+        return rows, metrics
 
     def _allowed(self, row: Row) -> bool:
         roles = self.cfg.algo.train_roles
@@ -433,11 +447,21 @@ class _Plan:
     stats: dict[str, float]
 
 
-def row_score(row: Row, task_reward: float | None, simulator_reward: str) -> float | None:
+def ended_by_simulator(traj: Trajectory) -> bool:
+    """Whether a malformed tool result (not the caller) ended the episode."""
+    return traj.end_reason is EndReason.SIMULATOR_FORMAT_ERROR
+
+
+def row_score(
+    row: Row, task_reward: float | None, simulator_reward: str, *, mask_caller: bool = False
+) -> float | None:
     """A row's score before the empty penalty: its trajectory's reward, except a simulator
     row with a measured fidelity under `algo.simulator_reward` fidelity (the fidelity) or mixed
-    (the mean of the two; unscored when the trajectory is)."""
-    if row.role is not Role.SIMULATOR or row.fidelity is None or simulator_reward == "task":
+    (the mean of the two; unscored when the trajectory is), and a caller row under
+    `mask_caller` (its episode was ended by the simulator, `algo.mask_sim_errors`): unscored."""
+    if row.role is Role.CALLER:
+        return None if mask_caller else task_reward
+    if row.fidelity is None or simulator_reward == "task":
         return task_reward
     if simulator_reward == "fidelity":
         return row.fidelity

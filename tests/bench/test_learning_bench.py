@@ -173,6 +173,18 @@ def test_lever_modes_rehearse_with_the_simulator_rows_scored_by_fidelity() -> No
             "share",
         )
     assert bench.mode_config(base, "rehearsal").algo.simulator_reward == "task"
+    masked = bench.mode_config(base, "mask_sim_errors")
+    assert (masked.rollout.mode, masked.algo.mask_sim_errors) == ("rehearsal", True)
+    assert masked.train.lr == base.train.lr and not base.algo.mask_sim_errors
+    high = bench.mode_config(base, "high_lr")
+    assert (high.rollout.mode, high.train.lr, high.algo.mask_sim_errors) == (
+        "rehearsal",
+        1e-4,
+        False,
+    )
+    # one setting changed from the base config, the rest (budget, tasks, model) the same
+    diff = {k for k, v in high.to_dict()["train"].items() if base.to_dict()["train"][k] != v}
+    assert diff == {"lr"} and high.to_dict()["rollout"] == base.to_dict()["rollout"]
     # a lever's cells enter the headline shape and the table only once they ran
     data = {"cells": {"mode/fidelity_reward/seed0": {"success": 0.25, "fidelity_field": 0.5}}}
     summary = bench.summarize(data, [0, 1])

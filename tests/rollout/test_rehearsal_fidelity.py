@@ -166,3 +166,66 @@ def test_simulator_reward_needs_rehearsal_mode() -> None:
     for mode in ("real", "external"):
         with pytest.raises(ConfigError, match=r"algo\.simulator_reward.*rollout\.mode: rehearsal"):
             load_config(None, [f"rollout.mode={mode}", "algo.simulator_reward=fidelity"])
+
+
+def test_mask_caller_unscores_only_caller_rows() -> None:
+    assert row_score(_row(Role.CALLER, None), 0.5, "task", mask_caller=True) is None
+    assert row_score(_row(Role.CALLER, None), 0.5, "task", mask_caller=False) == 0.5
+    # the simulator rows of such an episode keep their score, under every simulator reward
+    assert row_score(_row(Role.SIMULATOR, None), 0.5, "task", mask_caller=True) == 0.5
+    assert row_score(_row(Role.SIMULATOR, 0.25), 0.5, "fidelity", mask_caller=True) == 0.25
+
+
+def test_mask_sim_errors_masks_the_callers_of_episodes_a_malformed_rehearsal_ended(
+    train_tasks: list[Task],
+) -> None:
+    """Through the trainer's rollout half: the oracle's calls; its simulator writes the real
+    result in the first rollout of each task and a malformed one in the second, which ends that
+    episode at its current turn. Scored (the default), the second rollout's caller rows get the
+    truncated episode's low reward and negative advantages; masked, they get no score and no
+    advantage (they do not train), and the first rollout's caller rows, alone in their group,
+    a zero baseline's advantage."""
+    oracle = OraclePolicy()
+
+    def script(req: GenRequest) -> str:
+        if req.role is Role.SIMULATOR and req.episode.sample_index == 1:
+            return "the balance is 5"
+        return oracle._text(req)
+
+    def collect(mask: bool) -> tuple[list[Row], dict[str, float]]:
+        cfg = load_config(
+            None,
+            [
+                "rollout.batch_tasks=4",
+                "rollout.n=2",
+                f"algo.mask_sim_errors={str(mask).lower()}",
+                "algo.empty_penalty=0",
+            ],
+        )
+        trainer = RLTrainer(cfg, train_tasks, ScriptedPolicy(script), [], TaskGrader())
+        return trainer.collect(0)
+
+    scored, m_scored = collect(False)
+    masked, m_masked = collect(True)
+    assert m_scored["end/simulator_format_error"] == m_masked["end/simulator_format_error"] == 4
+    assert "reward/caller_masked_episodes" not in m_scored
+    assert m_masked["reward/caller_masked_episodes"] == 4.0
+    bad = {r.traj_id for r in masked if r.role is Role.SIMULATOR and not r.valid}
+    assert len(bad) == 4
+    for r in masked:
+        if r.role is Role.CALLER and r.traj_id in bad:
+            assert r.reward is None and r.advantage is None
+        else:
+            assert r.reward is not None and r.advantage is not None
+    callers = [r for r in scored if r.role is Role.CALLER and r.traj_id in bad]
+    assert callers and all(r.advantage is not None and r.advantage < 0 for r in callers)
+    # the simulator rows are scored alike either way
+    sims = [(r.reward, r.advantage) for r in scored if r.role is Role.SIMULATOR]
+    assert sims == [(r.reward, r.advantage) for r in masked if r.role is Role.SIMULATOR]
+
+
+def test_mask_sim_errors_is_refused_in_the_real_worlds() -> None:
+    for mode in ("rehearsal", "external"):
+        assert load_config(None, [f"rollout.mode={mode}", "algo.mask_sim_errors=true"])
+    with pytest.raises(ConfigError, match=r"algo\.mask_sim_errors.*rollout\.mode 'real'"):
+        load_config(None, ["rollout.mode=real", "algo.mask_sim_errors=true"])
