@@ -37,6 +37,7 @@ import argparse
 import copy
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import platform
 import statistics
@@ -49,6 +50,7 @@ from typing import Any
 from tqdm import tqdm
 
 from envace.config import Config, config_from_mapping, load_config
+from envace.storage.manifest import MANIFEST_NAME
 from envace.tasks.io import atomic_write_text
 
 MODES = ("warm_start", "rehearsal", "noshare", "external", "real")
@@ -139,6 +141,15 @@ class Study:
     def warm_start_stats(self) -> dict[str, Any]:
         path = self.out / "checkpoints" / "warm_start" / "warm_start.json"
         return json.loads(path.read_text()) if path.is_file() else {}
+
+    def warm_start_id(self) -> str:
+        """The warm-start checkpoint's identity: its manifest's digest (file names and hashes).
+
+        Cells of one seed compare only when they share it: a warm start trained again in another
+        sitting differs (bf16 CPU kernels are not bit-reproducible)."""
+        self.warm()
+        manifest = self.out / "checkpoints" / "warm_start" / MANIFEST_NAME
+        return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
 
     def policy_model(self, mode: str) -> tuple[Any, float]:
         """The model a mode ends with (RL from the warm start) and the RL seconds."""
@@ -254,12 +265,19 @@ def run_cells(
             rl_s = 0.0
             metrics, eval_s = study.evaluate(model, REHEARSAL)
         rec = metrics_record(metrics, time.perf_counter() - t0)
-        rec |= {"rl_seconds": round(rl_s, 1), "eval_seconds": round(eval_s, 1)}
+        rec |= {
+            "rl_seconds": round(rl_s, 1),
+            "eval_seconds": round(eval_s, 1),
+            "warm_start_id": study.warm_start_id(),
+        }
         if kind == "mode" and name != "warm_start":
             save_trained(study, name, model)
         key = cell_key(kind, name, seed)
         data["cells"][key] = rec
-        data["warm_start"] = data.get("warm_start", {}) | {str(seed): study.warm_start_stats()}
+        stats = study.warm_start_stats() | {"seed": seed}
+        # the first sitting's per-seed figures stay; every warm start is kept by its id
+        data.setdefault("warm_start", {}).setdefault(str(seed), stats)
+        data.setdefault("warm_starts", {})[rec["warm_start_id"]] = stats
         save(results, summarize(data, seeds))
         on_cell(key, rec)
         print(json.dumps({"cell": key, **{k: v for k, v in rec.items() if k != "metrics"}}))
@@ -334,6 +352,26 @@ def table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def warm_start_note(data: dict[str, Any]) -> str:
+    """Which cells of a seed came from which warm start, where a seed's cells had several."""
+    lines = []
+    for seed in data["seeds"]:
+        groups: dict[str, list[str]] = {}
+        for key, rec in sorted(data["cells"].items()):
+            if key.endswith(f"/seed{seed}"):
+                wid = rec.get("warm_start_id") or "unrecorded (before warm starts were recorded)"
+                groups.setdefault(wid, []).append(key.removesuffix(f"/seed{seed}"))
+        if len(groups) > 1:
+            parts = "; ".join(f"{wid}: {', '.join(keys)}" for wid, keys in groups.items())
+            lines.append(f"- seed {seed}, {len(groups)} warm starts — {parts}")
+    if not lines:
+        return ""
+    return (
+        "Cells from different warm starts of one seed (trained again in another sitting) compare"
+        " only up to the warm starts' own difference:\n" + "\n".join(lines) + "\n\n"
+    )
+
+
 def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -376,7 +414,7 @@ def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> N
         f"Python {platform.python_version()}); model {data.get('model')}; seeds "
         f"{data['seeds']}. Command: `{command}`. Mean ± std over the seeds that ran (count in "
         "brackets); raw per-seed values in `bench/results/learning.json`.\n\n"
-        f"{table(data)}\n\n![learning study]({png.relative_to(doc.parent).as_posix()})\n"
+        f"{table(data)}\n\n{warm_start_note(data)}![learning study]({png.relative_to(doc.parent).as_posix()})\n"
     )
     text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Benchmarks\n"
     start = text.find(SECTION)

@@ -3,14 +3,17 @@ test-time rehearsal, the results file's shape, cells saved at once and skipped o
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from envace.storage.artifacts import commit_dir
 from tests.helpers.micro import MICRO
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +72,11 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     cell = data["cells"]["mode/rehearsal/seed0"]
     assert cell["rl_seconds"] > 0 and cell["seconds"] >= cell["rl_seconds"]
     assert {"per_turn_score", "valid_call_rate", "fidelity_exact", "fidelity_field"} <= set(cell)
-    assert (tmp_path / "o" / "seed0" / "checkpoints" / "warm_start" / "MANIFEST.json").is_file()
+    manifest = tmp_path / "o" / "seed0" / "checkpoints" / "warm_start" / "MANIFEST.json"
+    wid = hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
+    assert {c["warm_start_id"] for c in data["cells"].values()} == {wid}
+    assert data["warm_starts"][wid]["seed"] == 0 and data["warm_starts"][wid]["steps"] > 0
+    assert data["warm_start"]["0"] == data["warm_starts"][wid]
     doc = (tmp_path / "benchmarks.md").read_text()
     assert "## Learning study (bench/learning.py)" in doc and "| rehearsal |" in doc
     assert "| warm_start + parallel:4 |" in doc and "kept" in doc
@@ -91,6 +98,27 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     assert again["cells"]["mode/rehearsal/seed0"] == cell  # finished cells untouched
     assert again["modes"]["real"]["success"][0] is not None
     assert doc.count("## Learning study") == 1
+    assert "warm starts —" not in doc  # one warm start: no note
+
+    # A new sitting whose warm start differs (as one trained again in bf16 does; here its stats
+    # file is rewritten and the checkpoint committed again) adds a cell of another warm start;
+    # the first warm start's figures stay, and the report names which cell came from which.
+    shutil.copytree(tmp_path / "o", tmp_path / "o2")
+    ckpt = tmp_path / "o2" / "seed0" / "checkpoints" / "warm_start"
+    (ckpt / "warm_start.json").write_text(json.dumps({"steps": 1, "seconds": 9.0}))
+    (ckpt / "MANIFEST.json").unlink()
+    commit_dir(ckpt, str(ckpt))
+    args = _args(tmp_path, "--seeds", "0", "--modes", "noshare", "--no-test-time")
+    args[args.index(str(tmp_path / "o"))] = str(tmp_path / "o2")
+    assert bench.main(args) == 0
+    third = json.loads((tmp_path / "learning.json").read_text())
+    new_id = third["cells"]["mode/noshare/seed0"]["warm_start_id"]
+    assert new_id != wid and set(third["warm_starts"]) == {wid, new_id}
+    assert third["warm_start"]["0"] == data["warm_starts"][wid]
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert (
+        f"- seed 0, 2 warm starts — {new_id}: mode/noshare; {wid}: mode/real, mode/rehearsal" in doc
+    )
 
 
 def test_a_results_file_of_another_config_is_refused(tmp_path: Path) -> None:
