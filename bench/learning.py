@@ -40,6 +40,7 @@ import datetime as dt
 import hashlib
 import json
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -143,13 +144,11 @@ class Study:
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def warm_start_id(self) -> str:
-        """The warm-start checkpoint's identity: its manifest's digest (file names and hashes).
-
-        Cells of one seed compare only when they share it: a warm start trained again in another
-        sitting differs (bf16 CPU kernels are not bit-reproducible)."""
+        """The warm-start checkpoint's identity: a digest of its manifest's file names and hashes,
+        less `warm_start.json` (the stats, whose timings differ run to run), so two sittings
+        whose warm starts trained to the same weights share it."""
         self.warm()
-        manifest = self.out / "checkpoints" / "warm_start" / MANIFEST_NAME
-        return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
+        return warm_start_id(self.out / "checkpoints" / "warm_start")
 
     def policy_model(self, mode: str) -> tuple[Any, float]:
         """The model a mode ends with (RL from the warm start) and the RL seconds."""
@@ -195,6 +194,13 @@ class Study:
                 progress=True,
             )
         return result.metrics, time.perf_counter() - t0
+
+
+def warm_start_id(ckpt: Path) -> str:
+    manifest = json.loads((ckpt / MANIFEST_NAME).read_text())
+    files = sorted((f["path"], f["sha256"]) for f in manifest["files"])
+    kept = [f for f in files if f[0] != "warm_start.json"]
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:12]
 
 
 # --- the results file ---------------------------------------------------------------------------
@@ -466,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="only rewrite the table and the plot")
     args = p.parse_args(argv)
     base = load_config(args.config, args.overrides)
-    command = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python bench/learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.report:
         data = summarize(load_results(args.results), args.seeds)
         save(args.results, data)

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from envace.storage.artifacts import commit_dir
 from tests.helpers.micro import MICRO
@@ -72,8 +73,12 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     cell = data["cells"]["mode/rehearsal/seed0"]
     assert cell["rl_seconds"] > 0 and cell["seconds"] >= cell["rl_seconds"]
     assert {"per_turn_score", "valid_call_rate", "fidelity_exact", "fidelity_field"} <= set(cell)
-    manifest = tmp_path / "o" / "seed0" / "checkpoints" / "warm_start" / "MANIFEST.json"
-    wid = hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
+    manifest = json.loads(
+        (tmp_path / "o" / "seed0" / "checkpoints" / "warm_start" / "MANIFEST.json").read_text()
+    )
+    weights = sorted((f["path"], f["sha256"]) for f in manifest["files"])
+    weights = [f for f in weights if f[0] != "warm_start.json"]
+    wid = hashlib.sha256(json.dumps(weights).encode()).hexdigest()[:12]
     assert {c["warm_start_id"] for c in data["cells"].values()} == {wid}
     assert data["warm_starts"][wid]["seed"] == 0 and data["warm_starts"][wid]["steps"] > 0
     assert data["warm_start"]["0"] == data["warm_starts"][wid]
@@ -100,12 +105,20 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     assert doc.count("## Learning study") == 1
     assert "warm starts —" not in doc  # one warm start: no note
 
-    # A new sitting whose warm start differs (as one trained again in bf16 does; here its stats
-    # file is rewritten and the checkpoint committed again) adds a cell of another warm start;
-    # the first warm start's figures stay, and the report names which cell came from which.
+    # Another sitting's warm start of the same weights (only its stats' timings differ) keeps
+    # the id; one of other weights (here one weight nudged) gets another: its cell is named apart
+    # in the report, and the first warm start's figures stay.
     shutil.copytree(tmp_path / "o", tmp_path / "o2")
     ckpt = tmp_path / "o2" / "seed0" / "checkpoints" / "warm_start"
     (ckpt / "warm_start.json").write_text(json.dumps({"steps": 1, "seconds": 9.0}))
+    (ckpt / "MANIFEST.json").unlink()
+    commit_dir(ckpt, str(ckpt))
+    assert bench.warm_start_id(ckpt) == wid
+    (shard,) = ckpt.glob("*.safetensors")
+    tensors = load_file(shard)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, shard, metadata={"format": "pt"})
     (ckpt / "MANIFEST.json").unlink()
     commit_dir(ckpt, str(ckpt))
     args = _args(tmp_path, "--seeds", "0", "--modes", "noshare", "--no-test-time")
