@@ -51,9 +51,11 @@ from typing import Any
 from tqdm import tqdm
 
 from envace.config import Config, config_from_mapping, load_config
-from envace.storage.manifest import MANIFEST_NAME
+from envace.storage.manifest import MANIFEST_NAME, Manifest
 from envace.tasks.io import atomic_write_text
 
+# the warm start's stats beside its checkpoint (timings: not part of its identity)
+WARM_START_STATS = "warm_start.json"
 MODES = ("warm_start", "rehearsal", "noshare", "external", "real")
 # lever cells of issue 16's item 5: the method (rehearsal, shared weights) with these overrides
 LEVERS: dict[str, tuple[str, ...]] = {
@@ -134,13 +136,13 @@ class Study:
             from envace.train.engine import TorchEngine
 
             TorchEngine(model, 1.0).save_model(ckpt, tok)
-            atomic_write_text(ckpt / "warm_start.json", json.dumps(stats))
+            atomic_write_text(ckpt / WARM_START_STATS, json.dumps(stats))
             paths.commit(ckpt)
         self._warm = (model, tok, splits)
         return self._warm
 
     def warm_start_stats(self) -> dict[str, Any]:
-        path = self.out / "checkpoints" / "warm_start" / "warm_start.json"
+        path = self.out / "checkpoints" / "warm_start" / WARM_START_STATS
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def warm_start_id(self) -> str:
@@ -197,9 +199,9 @@ class Study:
 
 
 def warm_start_id(ckpt: Path) -> str:
-    manifest = json.loads((ckpt / MANIFEST_NAME).read_text())
-    files = sorted((f["path"], f["sha256"]) for f in manifest["files"])
-    kept = [f for f in files if f[0] != "warm_start.json"]
+    path = ckpt / MANIFEST_NAME
+    manifest = Manifest.from_json(path.read_bytes(), str(path))
+    kept = sorted((e.path, e.sha256) for e in manifest.files if e.path != WARM_START_STATS)
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:12]
 
 
