@@ -27,6 +27,10 @@ cells already there, so the study can be run in several sittings:
     python bench/learning.py --seeds 0 1 2                       # the whole study
     python bench/learning.py --seeds 0 --modes warm_start rehearsal --no-test-time
 
+Cells can also run side by side in several processes (one GPU holds many copies of a small
+model), each with its own `--results` file, joined afterwards with `--merge A.json B.json ...`
+(bench/device_study.sh does this on a lent GPU).
+
 `--report` (also done after every run) writes the table (mean ± std over seeds) and the PNG
 into docs/benchmarks.md from the results file alone.
 """
@@ -125,7 +129,9 @@ class Study:
             verify(str(paths.tasks))
             verify(str(ckpt))
             splits = load_splits(paths.tasks)
-            model, tok = load_model_and_tokenizer(ckpt, self.cfg.model.dtype)
+            model, tok = load_model_and_tokenizer(
+                ckpt, self.cfg.model.dtype, device=self.cfg.model.device
+            )
         except (ArtifactIntegrityError, ArtifactNotFoundError):
             prepare_tasks(self.cfg, paths)
             splits = load_splits(paths.tasks)
@@ -238,6 +244,28 @@ def summarize(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     return data
 
 
+def merge_results(paths: list[Path], seeds: list[int]) -> dict[str, Any]:
+    """One results file from several (processes that ran disjoint cells side by side, e.g. on
+    one GPU): their cells and warm starts together; they must share the model, config and
+    dtype, and a cell two files both hold must be the same record."""
+    merged: dict[str, Any] = {"cells": {}}
+    for path in paths:
+        data = load_results(path)
+        for key in ("model", "config", "dtype"):
+            if key in merged and key in data and merged[key] != data[key]:
+                diff = first_difference(merged[key], data[key], None) if key == "config" else ""
+                raise SystemExit(f"{path}: its {key} differs from the files before it {diff}")
+            if key in data:
+                merged.setdefault(key, data[key])
+        for key, rec in data["cells"].items():
+            if merged["cells"].setdefault(key, rec) != rec:
+                raise SystemExit(f"{path}: cell {key} differs from the one another file holds")
+        for seed, stats in data.get("warm_start", {}).items():
+            merged.setdefault("warm_start", {}).setdefault(seed, stats)
+        merged.setdefault("warm_starts", {}).update(data.get("warm_starts", {}))
+    return summarize(merged, seeds)
+
+
 def save(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -320,7 +348,9 @@ def load_trained(study: Study, mode: str) -> Any:
         model, _ = study.policy_model(mode)
         save_trained(study, mode, model)
         return model
-    model, _ = load_model_and_tokenizer(folder, study.cfg.model.dtype)
+    model, _ = load_model_and_tokenizer(
+        folder, study.cfg.model.dtype, device=study.cfg.model.device
+    )
     return model
 
 
@@ -472,10 +502,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     p.add_argument("--label", default="CPU, 2 cores (the CI machine kind)")
     p.add_argument("--report", action="store_true", help="only rewrite the table and the plot")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="write the cells of these results files (studies run side by side) into --results",
+    )
     args = p.parse_args(argv)
     base = load_config(args.config, args.overrides)
     command = "python bench/learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    if args.report:
+    if args.merge:
+        data = merge_results(args.merge, args.seeds)
+        save(args.results, data)
+    elif args.report:
         data = summarize(load_results(args.results), args.seeds)
         save(args.results, data)
     else:

@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import io
 import math
+import re
 import textwrap
 import tokenize
 import types
@@ -71,6 +72,10 @@ class ModelConfig:
     # the hardware computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX,
     # oneDNN's check), else float32; chosen at start and logged
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    # where the model computes, every model source alike (policy, simulator, frozen external
+    # simulator). auto: this process's GPU when CUDA is available (cuda:$LOCAL_RANK under
+    # torchrun), else the CPU; cpu, cuda or cuda:N pin it. Chosen at start and logged
+    device: str = "auto"
     enable_thinking: bool = False  # Qwen3 hybrid thinking in the chat template
     # recompute activations in the backward (less memory, ~30 % more compute), both engines
     gradient_checkpointing: bool = False
@@ -466,6 +471,11 @@ _RULES: list[Rule] = [
     ("tasks.seed", lambda c: _seed(c.tasks.seed), f"must be in [0, {SEED_LIMIT}) (2**32)"),
     ("train.seed", lambda c: _seed(c.train.seed), f"must be in [0, {SEED_LIMIT}) (2**32)"),
     ("rollout.n", lambda c: c.rollout.n >= 1, "must be >= 1 (rollouts per task)"),
+    (
+        "model.device",
+        lambda c: re.fullmatch(r"auto|cpu|cuda(:\d+)?", c.model.device) is not None,
+        "is not auto, cpu, cuda or cuda:N (e.g. cuda:0)",
+    ),
     ("rollout.batch_tasks", lambda c: c.rollout.batch_tasks >= 1, "must be >= 1"),
     (
         "rollout.n",

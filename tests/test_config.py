@@ -81,6 +81,8 @@ def test_overrides_parse_yaml_scalars() -> None:
         (["model.vocab_size=0"], "model.vocab_size: 0 must be in [512, 262144]"),
         (["rollout.max_context_tokens=0"], "must exceed rollout.caller_max_new_tokens"),
         (["eval.n=0"], "eval.n: 0 must be in [1, 1000]"),
+        (["model.device=gpu"], "model.device: 'gpu' is not auto, cpu, cuda or cuda:N"),
+        (["model.device=cuda:x"], "model.device: 'cuda:x' is not auto, cpu, cuda or cuda:N"),
         (
             ["rollout.simulator_max_new_tokens=0"],
             "rollout.simulator_max_new_tokens: 0 must be in [1, 131072]",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,7 +38,9 @@ __all__ = [
     "bf16_native",
     "cpu_bf16_speedup",
     "load_model_and_tokenizer",
+    "place_model",
     "resolve_decode",
+    "resolve_device",
     "resolve_dtype",
 ]
 
@@ -114,10 +117,45 @@ def resolve_dtype(name: str) -> torch.dtype:
     return dtypes[name]
 
 
+def resolve_device(name: str = "auto") -> torch.device:
+    """`model.device` as a torch device. auto: this process's GPU when CUDA is available
+    (cuda:$LOCAL_RANK under torchrun, else the current one), else the CPU."""
+    if name == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        rank = os.environ.get("LOCAL_RANK")
+        return torch.device("cuda", int(rank) if rank else torch.cuda.current_device())
+    if name == "cpu":
+        return torch.device("cpu")
+    if not name.startswith("cuda"):
+        raise UserInputError(f"model.device: {name!r} is not auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UserInputError(
+            f"model.device: {name!r} but CUDA is not available in this process (torch "
+            f"{torch.__version__}); use model.device: auto or cpu, or a CUDA build of torch"
+        )
+    device = torch.device(name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserInputError(
+            f"model.device: {name!r} but this process sees {torch.cuda.device_count()} GPU(s);"
+            f" use cuda:0..cuda:{torch.cuda.device_count() - 1} or auto"
+        )
+    return device
+
+
+def place_model(model: Any, device: str = "auto") -> Any:
+    """`model` moved to `model.device` (said in the log when that is a GPU)."""
+    target = resolve_device(device)
+    if target.type != "cpu":
+        log.info("model.device %s: %s", device, target)
+    return model.to(target)
+
+
 def load_model_and_tokenizer(
-    path: str | Path, dtype: str = "float32", *, hint: str | None = None
+    path: str | Path, dtype: str = "float32", *, device: str = "auto", hint: str | None = None
 ) -> tuple[Any, Any]:
-    """Load a Hugging Face checkpoint (a local directory or a hub id) for generation/training.
+    """Load a Hugging Face checkpoint (a local directory or a hub id) for generation/training,
+    in `dtype` on `device` (`model.dtype`, `model.device`).
 
     A bad checkpoint is user input (`envace evaluate --policy`, `model.path` of `envace run`), so
     every way it can fail raises `UserInputError` naming the path, the reason and the fix instead
@@ -142,7 +180,7 @@ def load_model_and_tokenizer(
             f"cannot load the checkpoint {path}: {_one_line(exc)}; re-download or re-commit the "
             f"checkpoint, or {hint}"
         ) from exc
-    return model, tokenizer
+    return place_model(model, device), tokenizer
 
 
 def _looks_like_path(spec: str) -> bool:

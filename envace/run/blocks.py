@@ -17,7 +17,7 @@ from envace.config import Config
 from envace.errors import ConfigError, UserInputError
 from envace.evaluate.runner import EvalResult, evaluate_policy, make_task_environment
 from envace.policy.chat import ChatRenderer
-from envace.policy.hf_backend import TransformersBackend, resolve_dtype
+from envace.policy.hf_backend import TransformersBackend, place_model, resolve_dtype
 from envace.rollout.engine import RolloutConfig
 from envace.rollout.policies import ModelPolicy
 from envace.rollout.sources import ToolResults
@@ -56,11 +56,13 @@ def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any
     )
 
     if cfg.model.path is not None:
-        return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype)
+        return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype, device=cfg.model.device)
     if cfg.model.preset == "smollm2-135m":
         from envace.policy.pretrained import describe, ensure_smollm2
 
-        model, tokenizer = load_model_and_tokenizer(ensure_smollm2(), cfg.model.dtype)
+        model, tokenizer = load_model_and_tokenizer(
+            ensure_smollm2(), cfg.model.dtype, device=cfg.model.device
+        )
         log.info("model: SmolLM2-135M-Instruct (%s)", describe(model))
         save_checkpoint(model, tokenizer, out_dir)
         return model, tokenizer
@@ -68,7 +70,7 @@ def init_model(cfg: Config, splits: TaskSplits, out_dir: Path) -> tuple[Any, Any
     tokenizer = build_tokenizer(corpus, cfg.model.vocab_size, corpus_min_frequency(len(corpus)))
     # model.dtype applies to every model source (a resumed run reloads in it)
     model = build_tiny_model(tokenizer, cfg.model.preset, seed=cfg.seed)
-    model = model.to(resolve_dtype(cfg.model.dtype))
+    model = place_model(model.to(resolve_dtype(cfg.model.dtype)), cfg.model.device)
     save_checkpoint(model, tokenizer, out_dir)
     return model, tokenizer
 
@@ -213,7 +215,7 @@ def tool_results(
         if r.external_model:
             from envace.policy.hf_backend import load_model_and_tokenizer
 
-            m, t = load_model_and_tokenizer(r.external_model)
+            m, t = load_model_and_tokenizer(r.external_model, device=cfg.model.device)
             return ToolResults("external", model_policy(m, t, cfg, trainable=False))
         frozen = model_policy(rl_start().eval(), tokenizer, cfg, trainable=False)
         return ToolResults("external", frozen)

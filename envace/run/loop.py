@@ -82,7 +82,9 @@ def rl_stage(
     if resume_from is not None and trains_simulator(cfg):
         from envace.policy.hf_backend import load_model_and_tokenizer
 
-        saved_sim, _ = load_model_and_tokenizer(resume_from / "simulator", cfg.model.dtype)
+        saved_sim, _ = load_model_and_tokenizer(
+            resume_from / "simulator", cfg.model.dtype, device=cfg.model.device
+        )
     learners = build_learners(cfg, model, saved_sim, cfg.train.iterations)
     sim = next((lr.model for lr in learners if lr.name == "simulator"), None)
     sources = tool_results(
@@ -167,13 +169,13 @@ def _rl_start_model(cfg: Config, paths: RunPaths, model: Any, resume_from: Path 
     from envace.policy.hf_backend import load_model_and_tokenizer
 
     if not cfg.warm_start.enabled and cfg.model.path is not None:
-        return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype)[0]
+        return load_model_and_tokenizer(cfg.model.path, cfg.model.dtype, device=cfg.model.device)[0]
     start = paths.checkpoints / ("warm_start" if cfg.warm_start.enabled else "init")
     if not (start / "MANIFEST.json").is_file():  # a new pod: from the store
         from envace.storage.artifacts import fetch_dir
 
         fetch_dir(paths.store_uri(start), start)
-    return load_model_and_tokenizer(start, cfg.model.dtype)[0]
+    return load_model_and_tokenizer(start, cfg.model.dtype, device=cfg.model.device)[0]
 
 
 def save_rl_checkpoint(

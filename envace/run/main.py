@@ -54,7 +54,9 @@ def _initial_model(
         model, tokenizer = init_model(cfg, splits, init_dir)
     wait_for_all(cfg, "initial checkpoint")
     if not builds:
-        model, tokenizer = load_model_and_tokenizer(init_dir, cfg.model.dtype)
+        model, tokenizer = load_model_and_tokenizer(
+            init_dir, cfg.model.dtype, device=cfg.model.device
+        )
     if init_dir.is_dir():
         paths.commit(init_dir)
     return model, tokenizer
@@ -106,7 +108,9 @@ def _start(
     from envace.policy.hf_backend import load_model_and_tokenizer
 
     stages = json.loads(stages_path.read_text()) if stages_path.exists() else {}
-    model, tokenizer = load_model_and_tokenizer(resume_from / "policy", cfg.model.dtype)
+    model, tokenizer = load_model_and_tokenizer(
+        resume_from / "policy", cfg.model.dtype, device=cfg.model.device
+    )
     return RunContext(cfg, paths, splits, model, tokenizer, resume_from, stages)
 
 

@@ -54,18 +54,25 @@ class _Checkpoint:
 def _load_checkpoint(cfg: Config, uri: str, scratch: Path, with_state: bool) -> _Checkpoint:
     from transformers import AutoModelForCausalLM
 
-    from envace.policy.hf_backend import load_model_and_tokenizer, resolve_dtype
+    from envace.policy.hf_backend import load_model_and_tokenizer, place_model, resolve_dtype
 
     source = _model_dir(uri, scratch / hashlib.sha256(uri.encode()).hexdigest()[:12])
     folder = Path(source)
     if not (folder / "policy").is_dir():
-        model, tokenizer = load_model_and_tokenizer(source, cfg.model.dtype)
+        model, tokenizer = load_model_and_tokenizer(
+            source, cfg.model.dtype, device=cfg.model.device
+        )
         return _Checkpoint(uri, model, tokenizer, None, None, CheckpointMeta(0, uri), folder)
-    model, tokenizer = load_model_and_tokenizer(folder / "policy", cfg.model.dtype)
+    model, tokenizer = load_model_and_tokenizer(
+        folder / "policy", cfg.model.dtype, device=cfg.model.device
+    )
     simulator = None
     if (folder / "simulator").is_dir():
-        simulator = AutoModelForCausalLM.from_pretrained(
-            folder / "simulator", dtype=resolve_dtype(cfg.model.dtype)
+        simulator = place_model(
+            AutoModelForCausalLM.from_pretrained(
+                folder / "simulator", dtype=resolve_dtype(cfg.model.dtype)
+            ),
+            cfg.model.device,
         )
     state = None
     if with_state and (folder / TRAINER_STATE).is_file():

@@ -14,7 +14,7 @@ import torch
 from envace.errors import UserInputError
 from envace.policy import pretrained
 from envace.policy.chat import ChatRenderer
-from envace.policy.hf_backend import load_model_and_tokenizer, resolve_dtype
+from envace.policy.hf_backend import load_model_and_tokenizer, resolve_device, resolve_dtype
 from envace.policy.prompts import compact_tools
 
 
@@ -140,6 +140,36 @@ def test_dtype_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> Non
     assert resolve_dtype("float16") is torch.float16
     with pytest.raises(UserInputError, match=r"model\.dtype"):
         resolve_dtype("int8")
+
+
+def test_model_device_auto_is_this_process_gpu_else_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`model.device`: auto is the CPU here; with CUDA (a test double: no GPU on our CI
+    machines, so torch.cuda's answers are patched) it is cuda:$LOCAL_RANK, and a device this
+    process cannot use is a clear error. Loading places the model on the resolved device."""
+    from envace.policy import hf_backend
+    from envace.policy.tiny import build_tiny_model, build_tokenizer, save_checkpoint
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert hf_backend.resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserInputError, match=r"model\.device: 'cuda' but CUDA is not avail"):
+            resolve_device("cuda")
+    tok = build_tokenizer(["hello world <|im_start|>"] * 4, vocab_size=300)
+    save_checkpoint(build_tiny_model(tok, "test-micro", seed=0), tok, tmp_path / "m")
+    model, _ = load_model_and_tokenizer(tmp_path / "m", device="auto")
+    assert model.device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(UserInputError, match=r"sees 2 GPU\(s\); use cuda:0\.\.cuda:1 or auto"):
+        resolve_device("cuda:2")
 
 
 def test_the_bf16_speedup_is_a_measurement() -> None:
