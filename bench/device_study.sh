@@ -25,8 +25,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 
 if [ "${1:-}" = stage ]; then
     cp .gpu1/gguf-part1 /tmp/gguf-part1 && echo "part 1 kept: $(stat -c %s /tmp/gguf-part1) bytes"
-    timeout "${LOOP_TIMEOUT_S:-150}" python3 bench/gpu.py --mode gpu --no-vllm \
-        --skip train decode rl --out "$out/bench-gpu-loop.json" 2>&1 | tee "$out/bench-gpu-loop.log"
+    # every cell of the study on the GPU with a micro model and budget (seconds): a device
+    # mismatch anywhere in warm start, RL of each mode or evaluation shows here, not in call 2
+    timeout "${TINY_TIMEOUT_S:-120}" python3 bench/learning.py --set model.preset=test-micro \
+        --set train.top_layers=2 --set tasks.n_train=6 --set tasks.n_test=2 \
+        --set rollout.batch_tasks=2 --set train.iterations=1 --set train.save_every=1 \
+        --set warm_start.epochs=1 --seeds 0 --modes warm_start rehearsal noshare external real \
+        --out /tmp/tiny-runs --results "$out/tiny.json" --doc /tmp/tiny.md 2>&1 \
+        | grep -v -e "it/s]" -e "s/it]" | tail -25
+    if [ "${LOOP_TIMEOUT_S:-150}" != 0 ]; then
+        timeout "${LOOP_TIMEOUT_S:-150}" python3 bench/gpu.py --mode gpu --no-vllm \
+            --skip train decode rl --out "$out/bench-gpu-loop.json" 2>&1 | tee "$out/bench-gpu-loop.log"
+    fi
     exit 0
 fi
 

@@ -157,6 +157,7 @@ def run_sft(
     total = sft_steps(len(rows), epochs, batch_rows)
     order: list[TrainRow] = []
     losses: list[float] = []
+    device = next(engine.model.parameters()).device  # the engine's (a GPU's under CUDA)
     bar = tqdm(range(total), desc="warm start", unit="step", disable=not progress)
     for _ in bar:
         if len(order) < batch_rows:
@@ -167,6 +168,7 @@ def run_sft(
         n_tokens = sum(r.num_trained for r in batch)
         loss_sum = 0.0
         for mb in make_micro_batches(batch, batch_rows, pad_id, micro_batch_tokens):
+            mb = mb.to(device)
             logp = engine.logprobs(mb)
             loss = -(logp * mb.response_mask).sum() / n_tokens
             require_finite(
