@@ -254,7 +254,7 @@ def merge_results(paths: list[Path], seeds: list[int]) -> dict[str, Any]:
         for key in ("model", "config", "dtype"):
             if key in merged and key in data and merged[key] != data[key]:
                 diff = first_difference(merged[key], data[key], None) if key == "config" else ""
-                raise SystemExit(f"{path}: its {key} differs from the files before it {diff}")
+                raise SystemExit(f"{path}: its {key} differs from the files before it ({diff})")
             if key in data:
                 merged.setdefault(key, data[key])
         for key, rec in data["cells"].items():

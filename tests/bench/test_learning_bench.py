@@ -232,3 +232,44 @@ def test_lever_modes_rehearse_with_the_simulator_rows_scored_by_fidelity() -> No
     assert summary["modes"]["fidelity_reward"] == {"success": [0.25, None], "fidelity": [0.5, None]}
     assert "mixed_reward" not in summary["modes"] and "noshare" in summary["modes"]
     assert "| fidelity_reward | 0.250 (1 seed) |" in bench.table(summary)
+
+
+def test_merge_joins_cells_run_side_by_side_and_refuses_conflicts(tmp_path: Path) -> None:
+    """`--merge`: results files of processes that ran disjoint cells (bench/device_study.sh on a
+    GPU) become one, with the headline shape; a config or a cell that differs is refused."""
+    bench = _bench()
+    head = {"model": "smollm2-135m", "config": {"seed": 0}, "dtype": "bfloat16"}
+
+    def rec(success: float) -> dict[str, Any]:
+        return {"success": success, "fidelity_field": 0.2, "warm_start_id": "w0"}
+
+    files = {
+        "ws": {"mode/warm_start/seed0": rec(0.25), "mode/warm_start/seed1": rec(0.5)},
+        "real": {"mode/real/seed0": rec(0.3125)},
+        "tt": {"mode/warm_start/seed0": rec(0.25), "test_time/warm_start/seed0": rec(0.125)},
+    }
+    paths = []
+    for name, cells in files.items():
+        path = tmp_path / f"{name}.json"
+        ws = {"0": {"seed": 0, "steps": 46}}
+        path.write_text(json.dumps({**head, "cells": cells, "warm_start": ws}))
+        paths.append(path)
+    out = tmp_path / "merged.json"
+    args = ["--merge", *map(str, paths), "--results", str(out), "--seeds", "0", "1"]
+    assert bench.main([*args, "--doc", str(tmp_path / "b.md")]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == "smollm2-135m" and data["dtype"] == "bfloat16"
+    assert len(data["cells"]) == 4 and data["warm_start"] == {"0": {"seed": 0, "steps": 46}}
+    assert data["modes"]["warm_start"]["success"] == [0.25, 0.5]
+    assert data["modes"]["real"]["success"] == [0.3125, None]
+    assert data["test_time"]["warm_start"] == {"plain": [0.25, 0.5], "parallel4": [0.125, None]}
+    assert "| real | 0.312 (1 seed)" in (tmp_path / "b.md").read_text()
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**head, "config": {"seed": 1}, "cells": {}}))
+    with pytest.raises(SystemExit, match=r"bad\.json: its config differs .*seed: 0 there, 1 now"):
+        bench.merge_results([paths[0], bad], [0])
+    clash = tmp_path / "clash.json"
+    clash.write_text(json.dumps({**head, "cells": {"mode/real/seed0": rec(0.5)}}))
+    with pytest.raises(SystemExit, match=r"clash\.json: cell mode/real/seed0 differs"):
+        bench.merge_results([paths[1], clash], [0])
