@@ -9,7 +9,8 @@
 # budget below, seeds 0 1 2; the warm start of each seed first (3 processes), then every other
 # cell side by side (one process per seed and mode; a 135 M model leaves the GPU mostly idle),
 # each into its own results file, merged into $OUT/learning-gpu.json at the end. A process
-# still running at the deadline is stopped: the cells it finished are kept.
+# still running at the deadline is stopped: the cells it finished are kept. STUDY_VALIDATION=K
+# holds K training tasks out for validation (bench/learning.py --validation).
 set -u
 out=${OUT:-/tmp/study-out}
 work=/tmp/envace-study
@@ -64,7 +65,8 @@ label="one NVIDIA H200 (device tool), cells side by side"
 study() {  # NAME SECONDS ARGS...: one process of the study, its own results file
     local name=$1 secs=$2
     shift 2
-    timeout "$secs" python3 bench/learning.py "${sets[@]}" --out "$work/runs" \
+    timeout "$secs" python3 bench/learning.py "${sets[@]}" --validation "${STUDY_VALIDATION:-0}" \
+        --out "$work/runs" \
         --results "$work/results/$name.json" --doc "$work/doc-$name.md" --label "$label" "$@" \
         >"$work/logs/$name.log" 2>&1
     local rc=$?

@@ -26,6 +26,11 @@ cells already there, so the study can be run in several sittings:
 
     python bench/learning.py --seeds 0 1 2                       # the whole study
     python bench/learning.py --seeds 0 --modes warm_start rehearsal --no-test-time
+    python bench/learning.py --validation 8 --modes warm_start rehearsal high_lr --results R.json
+
+`--validation K` holds the last K training tasks out of the warm start and RL and scores every
+cell on them as well (success, per-turn score, valid calls): settings such as the lr are chosen
+by that score, and the held-out split only reports the chosen one.
 
 Cells can also run side by side in several processes (one GPU holds many copies of a small
 model), each with its own `--results` file, joined afterwards with `--merge A.json B.json ...`
@@ -71,6 +76,12 @@ LEVERS: dict[str, tuple[str, ...]] = {
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
 REHEARSAL = "parallel:4"
+# what a cell records of its validation score (--validation), and from which metric
+VALIDATION_KEYS = {
+    "success": "success_rate",
+    "per_turn_score": "per_turn_score",
+    "valid_call_rate": "valid_call_rate",
+}
 SECTION = "## Learning study (bench/learning.py)"
 
 
@@ -107,11 +118,15 @@ def metrics_record(metrics: Any, seconds: float) -> dict[str, Any]:
 class Study:
     """Cells of one seed, sharing its tasks and warm start (loaded lazily, once)."""
 
-    def __init__(self, base: Config, seed: int, out: Path) -> None:
+    def __init__(self, base: Config, seed: int, out: Path, validation: int = 0) -> None:
         self.cfg = copy.deepcopy(base)
         self.cfg.seed = self.cfg.tasks.seed = self.cfg.train.seed = seed
         self.seed = seed
         self.out = out
+        # the last `validation` training tasks: held out of the warm start and RL, scored per
+        # cell so that settings (lr, ...) are chosen there and never on the held-out split
+        self.validation = validation
+        self.val: list[Any] = []
         self._warm: tuple[Any, Any, Any] | None = None
 
     def warm(self) -> tuple[Any, Any, Any]:
@@ -128,17 +143,25 @@ class Study:
         try:
             verify(str(paths.tasks))
             verify(str(ckpt))
-            splits = load_splits(paths.tasks)
+            kept = json.loads((ckpt / WARM_START_STATS).read_text()).get("validation_tasks", 0)
+            if kept != self.validation:
+                raise SystemExit(
+                    f"{ckpt}: this warm start was trained with {kept} training task(s) held out"
+                    f" for validation, not {self.validation}; give another --out"
+                )
+            splits = self._carve(load_splits(paths.tasks))
             model, tok = load_model_and_tokenizer(
                 ckpt, self.cfg.model.dtype, device=self.cfg.model.device
             )
         except (ArtifactIntegrityError, ArtifactNotFoundError):
             prepare_tasks(self.cfg, paths)
             splits = load_splits(paths.tasks)
+            splits = self._carve(splits)
             model, tok = init_model(self.cfg, splits, paths.checkpoints / "init")
             t0 = time.perf_counter()
             stats = warm_start(self.cfg, model, tok, splits)
             stats["seconds"] = round(time.perf_counter() - t0, 1)
+            stats["validation_tasks"] = self.validation
             from envace.train.engine import TorchEngine
 
             TorchEngine(model, 1.0).save_model(ckpt, tok)
@@ -146,6 +169,21 @@ class Study:
             paths.commit(ckpt)
         self._warm = (model, tok, splits)
         return self._warm
+
+    def _carve(self, splits: Any) -> Any:
+        """`splits` less the validation tasks (kept in `self.val`), which nothing trains on."""
+        from envace.run import TaskSplits
+
+        k = self.validation
+        if k == 0:
+            return splits
+        if k >= len(splits.train):
+            raise SystemExit(
+                f"--validation {k} leaves no training task of {len(splits.train)}: use fewer,"
+                " or more tasks (--set tasks.n_train=...)"
+            )
+        self.val = splits.train[-k:]
+        return TaskSplits(splits.train[:-k], splits.test, splits.gold)
 
     def warm_start_stats(self) -> dict[str, Any]:
         path = self.out / "checkpoints" / "warm_start" / WARM_START_STATS
@@ -177,6 +215,16 @@ class Study:
         finally:
             logger.close()
         return m, time.perf_counter() - t0
+
+    def validate(self, model: Any) -> dict[str, Any]:
+        """The model's greedy score on the validation tasks (no fidelity probes: cheaper)."""
+        from envace.run import evaluate_model
+
+        _, tok, _ = self.warm()
+        cfg = copy.deepcopy(self.cfg)
+        cfg.eval.probe_fidelity, cfg.eval.max_tasks = False, None
+        m = evaluate_model(model, tok, cfg, self.val, "validation").metrics.to_dict()
+        return {k: m[v] for k, v in VALIDATION_KEYS.items()}
 
     def evaluate(self, model: Any, rehearsal: str | None = None) -> tuple[Any, float]:
         from envace.evaluate.benchmarks import rehearse_synthetic
@@ -279,6 +327,7 @@ def run_cells(
     out: Path,
     results: Path,
     on_cell: Callable[[str, dict[str, Any]], None] = lambda key, rec: None,
+    validation: int = 0,
 ) -> dict[str, Any]:
     data = load_results(results)
     todo = [(s, "mode", m) for s in seeds for m in modes]
@@ -291,7 +340,7 @@ def run_cells(
         print(f"{skipped} finished cell(s) in {results}: skipped", flush=True)
     studies: dict[int, Study] = {}
     for seed, kind, name in tqdm(pending, desc="study cells", unit="cell"):
-        study = studies.setdefault(seed, Study(base, seed, out / f"seed{seed}"))
+        study = studies.setdefault(seed, Study(base, seed, out / f"seed{seed}", validation))
         t0 = time.perf_counter()
         if kind == "mode":
             model, rl_s = study.policy_model(name)
@@ -306,6 +355,8 @@ def run_cells(
             "eval_seconds": round(eval_s, 1),
             "warm_start_id": study.warm_start_id(),
         }
+        if kind == "mode" and validation:
+            rec["validation"] = study.validate(model)
         if kind == "mode" and name != "warm_start":
             save_trained(study, name, model)
         key = cell_key(kind, name, seed)
@@ -364,9 +415,18 @@ def mean_std(xs: list[Any]) -> str:
     return f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f} ({len(vals)})"
 
 
+def _value(rec: dict[str, Any] | None, key: str) -> Any:
+    """A cell's figure for the table (`validation`: its validation success)."""
+    if not rec:
+        return None
+    if key == "validation":
+        return (rec.get("validation") or {}).get("success")
+    return rec.get(key)
+
+
 def table(data: dict[str, Any]) -> str:
     cells, seeds = data["cells"], data["seeds"]
-    keys = (
+    keys: tuple[tuple[str, str], ...] = (
         ("success", "success"),
         ("per_turn_score", "per-turn score"),
         ("valid_call_rate", "valid calls"),
@@ -374,6 +434,8 @@ def table(data: dict[str, Any]) -> str:
         ("fidelity_field", "fidelity field"),
         ("seconds", "wall s (RL + eval)"),
     )
+    if any("validation" in r for r in cells.values()):
+        keys = (*keys, ("validation", "validation success"))
     lines = [
         "| cell | " + " | ".join(label for _, label in keys) + " |",
         "|---|" + "---|" * len(keys),
@@ -385,7 +447,7 @@ def table(data: dict[str, Any]) -> str:
         recs = [cells.get(cell_key(kind, name, s)) for s in seeds]
         if not any(recs):
             continue
-        vals = [mean_std([r.get(k) if r else None for r in recs]) for k, _ in keys]
+        vals = [mean_std([_value(r, k) for r in recs]) for k, _ in keys]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
@@ -501,6 +563,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=Path("bench/results/learning.json"))
     p.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     p.add_argument("--label", default="CPU, 2 cores (the CI machine kind)")
+    p.add_argument(
+        "--validation",
+        type=int,
+        default=0,
+        metavar="K",
+        help="hold the last K training tasks out of the warm start and RL and score every cell"
+        " on them too: choose settings there, never on the held-out split",
+    )
     p.add_argument("--report", action="store_true", help="only rewrite the table and the plot")
     p.add_argument(
         "--merge",
@@ -534,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.results} holds cells run with another config ({diff}); a study compares"
                 " cells of one budget: give another --results file (and --out)"
             )
+        if data["cells"] and data.get("validation_tasks", 0) != args.validation:
+            raise SystemExit(
+                f"{args.results} holds cells with {data.get('validation_tasks', 0)} validation"
+                f" task(s), not {args.validation}: their training sets differ; give another"
+                " --results file (and --out)"
+            )
         dtype = machine_dtype(base)
         if data.get("dtype") not in (None, dtype):
             raise SystemExit(
@@ -542,8 +618,18 @@ def main(argv: list[str] | None = None) -> int:
                 "compare; give another --results file (and --out), or run on a machine like theirs"
             )
         data |= {"model": model, "config": data.get("config", config), "dtype": dtype}
+        if args.validation:
+            data["validation_tasks"] = args.validation
         save(args.results, data)
-        data = run_cells(base, args.seeds, args.modes, args.test_time, args.out, args.results)
+        data = run_cells(
+            base,
+            args.seeds,
+            args.modes,
+            args.test_time,
+            args.out,
+            args.results,
+            validation=args.validation,
+        )
     write_report(data, args.doc, command, args.label)
     print(table(data))
     return 0

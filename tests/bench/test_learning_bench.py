@@ -273,3 +273,50 @@ def test_merge_joins_cells_run_side_by_side_and_refuses_conflicts(tmp_path: Path
     clash.write_text(json.dumps({**head, "cells": {"mode/real/seed0": rec(0.5)}}))
     with pytest.raises(SystemExit, match=r"clash\.json: cell mode/real/seed0 differs"):
         bench.merge_results([paths[1], clash], [0])
+
+
+@pytest.mark.slow
+def test_validation_tasks_are_held_out_of_training_and_score_every_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--validation K`: the last K training tasks are trained on by neither the warm start nor
+    RL, each mode cell records its score on them, and a results file or a kept warm start of
+    another K is refused (their training sets differ)."""
+    bench = _bench()
+    import envace.run as run
+
+    trained: list[set[str]] = []
+    real_warm_start, real_rl_stage = run.warm_start, run.rl_stage
+
+    def warm_start(cfg: Any, model: Any, tok: Any, splits: Any) -> Any:
+        trained.append({t.id for t in splits.train})
+        return real_warm_start(cfg, model, tok, splits)
+
+    def rl_stage(ctx: Any, logger: Any) -> Any:
+        trained.append({t.id for t in ctx.splits.train})
+        return real_rl_stage(ctx, logger)
+
+    monkeypatch.setattr(run, "warm_start", warm_start)
+    monkeypatch.setattr(run, "rl_stage", rl_stage)
+    more = ["--set", "tasks.n_train=10"]  # some of MICRO's short gold conversations replay
+    args = [*_args(tmp_path, "--seeds", "0", "--modes", "warm_start", "rehearsal"), *more]
+    args.append("--no-test-time")
+    assert bench.main([*args, "--validation", "2"]) == 0
+    data = json.loads((tmp_path / "learning.json").read_text())
+    assert data["validation_tasks"] == 2
+    lines = (tmp_path / "o" / "seed0" / "tasks" / "train.jsonl").read_text().splitlines()
+    ids = [json.loads(line)["id"] for line in lines if line.strip()]
+    assert len(ids) == 10 and trained == [set(ids[:8]), set(ids[:8])]  # warm start, then RL
+    for mode in ("warm_start", "rehearsal"):
+        val = data["cells"][f"mode/{mode}/seed0"]["validation"]
+        assert set(val) == {"success", "per_turn_score", "valid_call_rate"}
+        assert 0.0 <= val["success"] <= 1.0
+    assert "validation success" in (tmp_path / "benchmarks.md").read_text()
+    with pytest.raises(SystemExit, match="with 2 validation task"):
+        bench.main(args)  # same results file, no validation
+    other = [*_args(tmp_path, "--seeds", "0", "--modes", "warm_start", "--no-test-time"), *more]
+    other[other.index(str(tmp_path / "learning.json"))] = str(tmp_path / "other.json")
+    with pytest.raises(
+        SystemExit, match=r"trained with 2 training task.* not 3; give another --out"
+    ):
+        bench.main([*other, "--validation", "3"])
