@@ -4,14 +4,31 @@ deprecation warnings would be errors under this suite's warning filter)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_bench(script: str, monkeypatch: pytest.MonkeyPatch | None = None) -> ModuleType:
+    """`bench/<script>` imported in process as the module `bench_<stem>`; with `monkeypatch`, also
+    entered in `sys.modules` for the test's duration (a script's dataclasses look it up there)."""
+    name = "bench_" + Path(script).stem
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    if monkeypatch is not None:
+        monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_bench(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -3,9 +3,7 @@ one that cannot, and its CLI on a micro checkpoint (probe + a short drill)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -13,17 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.bench.bench_testlib import ROOT
+from tests.bench.bench_testlib import load_bench
 
 
 @pytest.fixture()
 def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("copy_probe", ROOT / "bench" / "copy_probe.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "copy_probe", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("copy_probe.py", monkeypatch)
 
 
 class _Copier(torch.nn.Module):

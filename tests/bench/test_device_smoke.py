@@ -4,24 +4,17 @@ only on the device; docs/benchmarks.md records that run)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.bench_testlib import load_bench
 
 
 def _smoke() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "device_smoke", ROOT / "bench" / "device_smoke.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("device_smoke.py")
 
 
 @pytest.mark.slow

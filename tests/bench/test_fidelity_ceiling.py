@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.bench_testlib import load_bench
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_fidelity_ceiling", ROOT / "bench" / "fidelity_ceiling.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench("fidelity_ceiling.py")
 
 
 def test_knowable_values() -> None:

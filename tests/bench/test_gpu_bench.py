@@ -8,13 +8,11 @@ benchmark inside the test process.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.bench.bench_testlib import ROOT, run_bench_report
+from tests.bench.bench_testlib import load_bench, run_bench_report
 
 
 @pytest.mark.slow
@@ -80,11 +78,7 @@ def test_rollout_loop_on_a_real_shape_with_its_own_vocabulary(
     task tokenizer's: sampled ids the tokenizer does not know decode to nothing), run on the
     CPU with the tiny-4m shape (4,096 ids over a ~1,000-token tokenizer). In process: no
     DeepSpeed engine is built for a rollout."""
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_gpu", bench)  # its dataclasses look themselves up
-    spec.loader.exec_module(bench)
+    bench = load_bench("gpu.py", monkeypatch)
     quick = bench.PLANS["quick"]
     plan = dataclasses.replace(quick, rl_shape="tiny-4m")
     row = bench.bench_rollout_loop(plan, tmp_path / "a", trajectories=6)

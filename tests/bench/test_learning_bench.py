@@ -4,7 +4,6 @@ test-time rehearsal, the results file's shape, cells saved at once and skipped o
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -15,17 +14,14 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from envace.storage.artifacts import commit_dir
+from tests.bench.bench_testlib import load_bench
 from tests.helpers.micro import MICRO
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench("learning.py")
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
