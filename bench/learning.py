@@ -16,6 +16,11 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
   mask_sim_errors  caller rows of episodes a malformed rehearsal ended masked, not scored
                    (`algo.mask_sim_errors`),
   high_lr          a larger RL step (`train.lr: 1e-4`; configs/local.yaml: 2e-5),
+  high_lr_ppo2     high_lr with two optimizer passes over each rollout (`train.ppo_epochs: 2`),
+  high_lr_group8   high_lr with GRPO groups of 8 rollouts of 2 tasks an iteration (not 4 of 4:
+                   the same 16 episodes, more of them to compare within a group),
+  high_lr_echo     high_lr with ECHO's auxiliary loss on the caller's observation tokens
+                   (`algo.env_loss_coef: 0.1`),
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -72,6 +77,12 @@ LEVERS: dict[str, tuple[str, ...]] = {
     "mixed_reward": ("algo.simulator_reward=mixed",),
     "mask_sim_errors": ("algo.mask_sim_errors=true",),
     "high_lr": ("train.lr=1e-4",),
+    # high_lr (chosen on validation tasks, 2026-12-04) with more optimizer steps per rollout,
+    # or with larger GRPO groups of the same 16 episodes an iteration
+    "high_lr_ppo2": ("train.lr=1e-4", "train.ppo_epochs=2"),
+    "high_lr_group8": ("train.lr=1e-4", "rollout.n=8", "rollout.batch_tasks=2"),
+    # high_lr with ECHO's observation loss (lambda 0.1: the paper's "small" weight, untuned)
+    "high_lr_echo": ("train.lr=1e-4", "algo.env_loss_coef=0.1"),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4

@@ -167,6 +167,14 @@ class AlgoConfig:
     # episode's reward (the caller is not punished for the simulator's slip); its simulator
     # rows keep their score. Rehearsal and external modes (real mode has no such ends)
     mask_sim_errors: bool = False
+    # ECHO's auxiliary loss (Shrivastava et al. 2026, "Terminal Agents Learn World Models for
+    # Free"): lambda x the cross-entropy of the observation tokens in a caller's packed
+    # trajectory (the tool results and turn markers between its generations: what the real
+    # world, the rehearsal or the external simulator wrote), a token mean over the batch, added
+    # to the policy loss. 0: off (no extra work). In rehearsal mode the observations are the
+    # policy's own rehearsals, so the term pulls the caller's reading of the world toward its
+    # simulator role's; in real mode it learns the real world's answers
+    env_loss_coef: float = 0.0
 
 
 @dataclass
@@ -591,6 +599,11 @@ _RULES: list[Rule] = [
     ),
     ("algo.kl_coef", lambda c: c.algo.kl_coef >= 0, "must be >= 0"),
     ("algo.empty_penalty", lambda c: c.algo.empty_penalty >= 0, "must be >= 0 (subtracted)"),
+    (
+        "algo.env_loss_coef",
+        lambda c: 0 <= c.algo.env_loss_coef <= 100,
+        "must be in [0, 100] (0: off; ECHO's lambda is small, e.g. 0.1)",
+    ),
     (
         "warm_start.epochs",
         lambda c: 0 <= c.warm_start.epochs <= 10_000,

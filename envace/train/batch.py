@@ -53,6 +53,9 @@ class TrainRow:
         generations that extend each other (a caller's turns, token-in / token-out) are packed
         into one sequence, so their shared prefix is computed once (`pack_prefix_rows`).
     extra_advantages: the advantage of each extra span (None: the warm start, which has none).
+    env_spans: the [start, end) spans of `prompt_ids` between packed generations: what the
+        world (real, rehearsed or external) and the chat template wrote there, the observations
+        ECHO's auxiliary loss predicts (`algo.env_loss_coef`); set by `pack_prefix_rows`.
     """
 
     prompt_ids: list[int]
@@ -62,6 +65,7 @@ class TrainRow:
     role: str = "caller"
     extra_spans: list[tuple[int, int]] | None = None
     extra_advantages: list[float | None] | None = None
+    env_spans: list[tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.extra_advantages is not None and len(self.extra_advantages) != len(
@@ -117,6 +121,7 @@ def pack_prefix_rows(rows: Sequence[TrainRow]) -> list[TrainRow]:
                     row.role,
                     extra_spans=[*(last.extra_spans or []), (len(last.prompt_ids), len(seq))],
                     extra_advantages=last.span_advantages,
+                    env_spans=[*(last.env_spans or []), (len(seq), len(row.prompt_ids))],
                 )
                 continue
         packed.append(row)
@@ -171,7 +176,9 @@ class MicroBatch:
     input_ids (B, T); attention_mask (B, T); response_mask (B, T) 1 where the token at t is a
     response token (its log-prob is predicted from position t-1), on a packed row's extra spans
     too; advantages (B,) each row's response advantage. Per-generation values (every span's
-    advantage, a sequence mean per generation) come from `generations`.
+    advantage, a sequence mean per generation) come from `generations`. env_mask (B, T): 1 on
+    the observation tokens of packed rows (`TrainRow.env_spans`) when the batch was collated
+    for ECHO's loss, else None; `token_logprobs` then scores those positions too.
     """
 
     input_ids: torch.Tensor
@@ -179,6 +186,19 @@ class MicroBatch:
     response_mask: torch.Tensor
     advantages: torch.Tensor
     rows: list[TrainRow]
+    env_mask: torch.Tensor | None = None
+
+    @property
+    def target_mask(self) -> torch.Tensor:
+        """(B, T) the positions whose log-probs are computed: responses, and observations when
+        `env_mask` is set."""
+        if self.env_mask is None:
+            return self.response_mask
+        return torch.maximum(self.response_mask, self.env_mask)
+
+    @property
+    def num_env_tokens(self) -> int:
+        return 0 if self.env_mask is None else int(self.env_mask.sum().item())
 
     @property
     def num_tokens(self) -> int:
@@ -201,10 +221,12 @@ class MicroBatch:
             self.response_mask.to(device),
             self.advantages.to(device),
             self.rows,
+            None if self.env_mask is None else self.env_mask.to(device),
         )
 
 
-def collate(rows: Sequence[TrainRow], pad_id: int) -> MicroBatch:
+def collate(rows: Sequence[TrainRow], pad_id: int, env: bool = False) -> MicroBatch:
+    """`rows` right-padded into one batch; `env`: also the observation mask (`env_mask`)."""
     width = max(r.length for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -217,14 +239,24 @@ def collate(rows: Sequence[TrainRow], pad_id: int) -> MicroBatch:
         for start, end in r.extra_spans or []:
             resp[b, start:end] = 1.0
     adv = torch.tensor([r.advantage or 0.0 for r in rows], dtype=torch.float32)
-    return MicroBatch(ids, attn, resp, adv, list(rows))
+    env_mask = None
+    if env:
+        env_mask = torch.zeros_like(resp)
+        for b, r in enumerate(rows):
+            for start, end in r.env_spans or []:
+                env_mask[b, start:end] = 1.0
+    return MicroBatch(ids, attn, resp, adv, list(rows), env_mask)
 
 
 def make_micro_batches(
-    rows: Sequence[TrainRow], micro_batch_rows: int, pad_id: int, max_tokens: int | None = None
+    rows: Sequence[TrainRow],
+    micro_batch_rows: int,
+    pad_id: int,
+    max_tokens: int | None = None,
+    env: bool = False,
 ) -> list[MicroBatch]:
     """Length-sorted micro-batches of at most `micro_batch_rows` rows (and `max_tokens` padded
-    tokens, when given)."""
+    tokens, when given); `env`: with observation masks (`collate`)."""
     ordered = sorted(rows, key=lambda r: r.length)
     batches: list[list[TrainRow]] = []
     for r in ordered:
@@ -236,7 +268,7 @@ def make_micro_batches(
             cur.append(r)
         else:
             batches.append([r])
-    return [collate(b, pad_id) for b in batches]
+    return [collate(b, pad_id, env) for b in batches]
 
 
 def chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -266,14 +298,15 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_fn: ChunkFn = chunk_logprobs,
 ) -> torch.Tensor:
-    """(B, T) log p(token_t | tokens_<t) at response positions, 0 elsewhere."""
+    """(B, T) log p(token_t | tokens_<t) at `mb.target_mask`'s positions (the responses, and the
+    observations of an `env_mask`), 0 elsewhere."""
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
     # Right padding + causal attention: pads sit after every real token, so no mask is needed.
     mask = None if _is_right_padded(mb.attention_mask) else mb.attention_mask
     hidden = decoder(input_ids=mb.input_ids, attention_mask=mask, use_cache=False).last_hidden_state
-    target_mask = mb.response_mask[:, 1:] > 0  # (B, T-1)
-    h = hidden[:, :-1][target_mask]  # (N, H): positions that predict a response token
+    target_mask = mb.target_mask[:, 1:] > 0  # (B, T-1)
+    h = hidden[:, :-1][target_mask]  # (N, H): positions that predict a target token
     targets = mb.input_ids[:, 1:][target_mask]  # (N,)
     if temperature != 1.0:
         h = h / temperature  # equivalent to dividing the logits: the head is linear, no bias

@@ -375,15 +375,18 @@ class DeepSpeedEngine(TrainingEngine):
 
     # --- the TrainingEngine interface -------------------------------------------------------
     def logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        """(B, T) log-probs of the response tokens. Moves `mb`'s tensors to the engine's device
+        """(B, T) log-probs of the response tokens (and ECHO's observations). Moves `mb`'s tensors to the engine's device
         (in place), so the loss terms the trainer builds from `mb` live there too."""
         dev = self.device
         mb.input_ids = mb.input_ids.to(dev)
         mb.attention_mask = mb.attention_mask.to(dev)
         mb.response_mask = mb.response_mask.to(dev)
         mb.advantages = mb.advantages.to(dev)
+        if mb.env_mask is not None:
+            mb.env_mask = mb.env_mask.to(dev)
         self.ds.train()
-        out: torch.Tensor = self.ds(mb.input_ids, mb.attention_mask, mb.response_mask)
+        # the target mask rides in the response_mask slot: ECHO's observations are scored too
+        out: torch.Tensor = self.ds(mb.input_ids, mb.attention_mask, mb.target_mask)
         return out
 
     def backward(self, loss: torch.Tensor) -> None:

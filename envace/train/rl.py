@@ -10,7 +10,10 @@ One iteration (the reference's "step"):
    masks the caller rows of episodes a malformed rehearsal ended (`row_score`);
 3. advantages per (task uid, role) group;
 4. `ppo_epochs` passes of PPO-clip over the trainable rows, in micro-batches whose losses add up
-   to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy).
+   to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy);
+   with `algo.env_loss_coef` > 0 each pass also adds ECHO's auxiliary loss: that coefficient x
+   the cross-entropy of the observation tokens between a caller's packed generations (a token
+   mean over the whole batch, `_plan`'s `env_weights`).
 In "share" mode both roles' rows update one model; in "noshare" each role has its own model.
 
 A trajectory's caller rows are packed into one sequence (`pack_prefix_rows`): the caller's
@@ -300,19 +303,24 @@ class RLTrainer:
         for epoch in range(epochs):
             sums: dict[str, float] = {}
             maxima: dict[str, float] = {}
-            for i, (mb, w, tw, ref_lp) in enumerate(
-                zip(mbs, plan.weights, plan.token_weights, ref, strict=True)
+            for i, (mb, w, tw, ew, ref_lp) in enumerate(
+                zip(mbs, plan.weights, plan.token_weights, plan.env_weights, ref, strict=True)
             ):
                 logp = learner.engine.logprobs(mb)
                 if epochs == 1:
                     old.append(logp.detach())
                 loss, s = self._loss(mb, logp, old[i], ref_lp)
+                loss = loss * w
+                if mb.env_mask is not None:  # ECHO: the observations' token-mean cross-entropy
+                    env_ce = -(logp * mb.env_mask).sum() / max(mb.num_env_tokens, 1)
+                    loss = loss + self.cfg.algo.env_loss_coef * env_ce * ew
+                    sums["env_ce"] = sums.get("env_ce", 0.0) + float(env_ce.detach()) * ew
                 require_finite(
                     float(loss.detach()),
                     f"the RL loss of {'+'.join(sorted(learner.roles))}",
                     f"Lower train.lr (now {t.lr:g}) or train.grad_clip (now {t.grad_clip:g}).",
                 )
-                learner.engine.backward(loss * w)
+                learner.engine.backward(loss)
                 for k, v in s.items():
                     if k in _MAX_STATS:
                         if w > 0:
@@ -331,7 +339,7 @@ class RLTrainer:
 
     def _plan(self, learner: RoleLearner, train_rows: Sequence[TrainRow]) -> _Plan:
         """This rank's micro-batches of `train_rows` (all ranks' rows), their weights in the
-        loss and in the token-mean stats, and the batch's counts."""
+        loss, in the token-mean stats and in ECHO's observation loss, and the batch's counts."""
         generations = sum(len(r.spans) for r in train_rows)
         agg = self.cfg.algo.loss_agg_mode
         rank, world = self.dist.rank, self.dist.world_size
@@ -346,9 +354,12 @@ class RLTrainer:
                 t.micro_batch_rows,
                 learner.pad_id,
                 t.micro_batch_tokens,
+                env=self.cfg.algo.env_loss_coef > 0,
             )
         ]
         total_tokens = all_reduce_sum(sum(mb.num_tokens for mb in mbs))
+        env_tokens = all_reduce_sum(sum(mb.num_env_tokens for mb in mbs))
+        env_weights = [world * mb.num_env_tokens / max(env_tokens, 1.0) for mb in mbs]
         # Weight of each micro-batch: world x its share of the global batch (DeepSpeed averages
         # the ranks' gradients); filler micro-batches (equal counts for ZeRO) weigh 0.
         token_weights = [world * mb.num_tokens / max(total_tokens, 1.0) for mb in mbs]
@@ -361,6 +372,7 @@ class RLTrainer:
         filler = mbs[0] if mbs else make_micro_batches(ordered[:1], 1, learner.pad_id)[0].to(device)
         missing = int(all_reduce_max(len(mbs))) - len(mbs)
         stats = {
+            **({"env_tokens": float(env_tokens)} if self.cfg.algo.env_loss_coef > 0 else {}),
             "rows": float(generations),
             "tokens": float(total_tokens),
             "sequences": float(len(train_rows)),
@@ -372,6 +384,7 @@ class RLTrainer:
             [*mbs, *[filler] * missing],
             weights + [0.0] * missing,
             token_weights + [0.0] * missing,
+            env_weights + [0.0] * missing,
             real,
             stats,
         )
@@ -438,11 +451,13 @@ def pack_trajectories(rows: Sequence[Row]) -> list[TrainRow]:
 @dataclass
 class _Plan:
     """One rank's share of an update: micro-batches (fillers last), the weight of each in the
-    loss and in the token-mean stats, how many are real (not fillers), and the batch's counts."""
+    loss, in the token-mean stats and in ECHO's observation loss (its share of the batch's
+    observation tokens), how many are real (not fillers), and the batch's counts."""
 
     mbs: list[MicroBatch]
     weights: list[float]
     token_weights: list[float]
+    env_weights: list[float]
     real: int
     stats: dict[str, float]
 

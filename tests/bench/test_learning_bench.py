@@ -222,6 +222,16 @@ def test_lever_modes_rehearse_with_the_simulator_rows_scored_by_fidelity() -> No
     # one setting changed from the base config, the rest (budget, tasks, model) the same
     diff = {k for k, v in high.to_dict()["train"].items() if base.to_dict()["train"][k] != v}
     assert diff == {"lr"} and high.to_dict()["rollout"] == base.to_dict()["rollout"]
+    # the levers built on high_lr: that lr, and one more setting each
+    ppo2, group8, echo = (
+        bench.mode_config(base, m) for m in ("high_lr_ppo2", "high_lr_group8", "high_lr_echo")
+    )
+    assert {c.train.lr for c in (ppo2, group8, echo)} == {1e-4}
+    assert (ppo2.train.ppo_epochs, base.train.ppo_epochs) == (2, 1)
+    assert (group8.rollout.n, group8.rollout.batch_tasks) == (8, 2)
+    local = load_config(ROOT / "configs" / "local.yaml").rollout  # the study's own budget
+    assert group8.rollout.n * group8.rollout.batch_tasks == local.n * local.batch_tasks == 16
+    assert (echo.algo.env_loss_coef, base.algo.env_loss_coef) == (0.1, 0.0)
     # a lever's cells enter the headline shape and the table only once they ran
     data = {"cells": {"mode/fidelity_reward/seed0": {"success": 0.25, "fidelity_field": 0.5}}}
     summary = bench.summarize(data, [0, 1])

@@ -6,8 +6,8 @@ What must hold: each rank rolls out its share of the tasks (ZeRO-3: with the wei
 each rank generating on its own) and every rank ends up with the same global rows; the update
 splits the rows unevenly (6 rows, one trajectory's 2 caller turns packed into one sequence: 5
 sequences over 2 ranks, 2 micro-batches vs 1 + a zero-weight filler) and still gives exactly
-the one-process losses, gradient norm and weights. This file is also
-the ranks' entry point (`python THIS worker ...`).
+the one-process losses, gradient norm and weights, ECHO's observation loss included. This file
+is also the ranks' entry point (`python THIS worker ...`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ SETS = [
     "train.micro_batch_rows=2",
     "train.ppo_epochs=2",
     "train.grad_clip=1.0",
+    # ECHO's observation loss on: its token mean over the global batch must survive the
+    # uneven split too (the packed caller sequence holds the observations)
+    "algo.env_loss_coef=0.5",
 ]
 ADVANTAGES = [1.0, -0.5, 0.25, -1.0, 0.75, -0.25]  # 6 rows in 5 sequences: ranks get 3 and 2
 
@@ -162,6 +165,7 @@ def test_two_ranks_roll_out_their_share_and_update_exactly_like_one_process(
         for key, value in expected.items():
             assert got["stats"][key] == pytest.approx(value, rel=2e-4, abs=2e-5), (name, key)
         assert expected["policy/grad_norm"] > 0
+        assert expected["policy/env_tokens"] > 0 and expected["policy/env_ce"] > 0
         saved = load_file(str(out / name / "model.safetensors"))
         ref = {k: v for k, v in model.state_dict().items() if k in saved}
         assert ref.keys() == saved.keys()

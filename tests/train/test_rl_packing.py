@@ -9,6 +9,7 @@ kl_coef > 0, move the policy off its reference; each pass's gradients are compar
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import pytest
@@ -151,3 +152,76 @@ def test_each_trajectorys_caller_rows_pack_and_simulator_rows_stay_alone(rollout
     )
     sims = [t for t in packed if t.role == "simulator"]
     assert len(sims) == 2 and all(not t.extra_spans for t in sims)
+
+
+def test_packed_caller_rows_mark_the_observations_between_their_generations(rollout: Any) -> None:
+    """`env_spans` tile the gaps of a packed row: generations and observations alternate and
+    together cover everything after the first prompt."""
+    packed = [t for t in rl.pack_trajectories(rollout[3]) if t.role == "caller"]
+    assert any(t.env_spans for t in packed)
+    for t in packed:
+        spans, env = t.spans, t.env_spans or []
+        assert len(env) == len(spans) - 1
+        pieces = sorted([*spans, *env])
+        assert pieces[0][0] == spans[0][0] and pieces[-1][1] == t.length
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+        assert all(e > s for s, e in env)  # tool results / user turns and turn markers
+
+
+@pytest.mark.parametrize("micro_batch_rows", [1, 16])
+def test_echo_loss_is_the_observations_token_mean_cross_entropy(
+    rollout: Any, micro_batch_rows: int
+) -> None:
+    """With every advantage 0 the policy loss has no gradient, so the update's gradient is
+    ECHO's term alone: lambda x the token-mean cross-entropy of the observation tokens of the
+    packed caller rows, computed here by hand with a plain forward per sequence — the same
+    however the batch is cut into micro-batches."""
+    model, tok, _, rows = rollout
+    zero = [copy.copy(r) for r in rows]
+    for r in zero:
+        r.advantage = 0.0
+    coef = 0.5
+    cfg = load_config(
+        None,
+        [*SETS, f"train.micro_batch_rows={micro_batch_rows}", f"algo.env_loss_coef={coef}"],
+    )
+    engine = RecordingSGD(copy.deepcopy(model), 0.0)
+    stats = _trainer(cfg, tok, engine).update(zero)
+
+    ref = copy.deepcopy(model).float()
+    total, count = torch.zeros(()), 0
+    for t in rl.pack_trajectories(zero):
+        seq = torch.tensor([t.prompt_ids + t.response_ids])
+        logp = ref(input_ids=seq).logits.float().log_softmax(-1)[0]
+        for s, e in t.env_spans or []:
+            pos = torch.arange(s, e)
+            total = total - logp[pos - 1, seq[0, pos]].sum()
+            count += e - s
+    ce = total / count
+    (coef * ce).backward()
+    assert stats["policy/env_tokens"] == count > 0
+    assert stats["policy/env_ce"] == pytest.approx(float(ce.detach()), rel=1e-4)
+    got = engine.grads[0]
+    for name, p in ref.named_parameters():
+        if p.grad is None or name not in got:
+            continue
+        scale = float(p.grad.abs().max())
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-4 * scale + 1e-12)
+    assert any(float(g.abs().max()) > 0 for g in got.values())
+
+
+def test_echo_loss_off_scores_no_observation() -> None:
+    """`algo.env_loss_coef: 0` (the default) collates no observation mask: the update's forward
+    computes the responses' log-probs only, as before ECHO existed."""
+    from envace.train.batch import TrainRow, make_micro_batches, pack_prefix_rows
+
+    a = TrainRow([1, 2, 3], [4, 5], 1.0)
+    b = TrainRow([1, 2, 3, 4, 5, 6, 7], [8], -1.0)
+    (row,) = pack_prefix_rows([a, b])
+    assert row.env_spans == [(5, 7)]
+    (off,) = make_micro_batches([row], 4, 0)
+    (on,) = make_micro_batches([row], 4, 0, env=True)
+    assert off.env_mask is None and off.num_env_tokens == 0
+    assert torch.equal(off.target_mask, off.response_mask)
+    assert on.env_mask is not None and on.env_mask[0].tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
+    assert on.target_mask[0].tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
