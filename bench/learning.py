@@ -15,7 +15,8 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
   mixed_reward     simulator rows scored by the mean of task reward and fidelity,
   mask_sim_errors  caller rows of episodes a malformed rehearsal ended masked, not scored
                    (`algo.mask_sim_errors`),
-  high_lr          a larger RL step (`train.lr: 1e-4`; configs/local.yaml: 2e-5),
+  high_lr          `train.lr: 1e-4` (configs/local.yaml's default since 2026-12-05; the cells
+                   recorded before ran the method at 2e-5: rerun them with --set train.lr=2e-5),
   high_lr_ppo2     high_lr with two optimizer passes over each rollout (`train.ppo_epochs: 2`),
   high_lr_group8   high_lr with GRPO groups of 8 rollouts of 2 tasks an iteration (not 4 of 4:
                    the same 16 episodes, more of them to compare within a group),
