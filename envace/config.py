@@ -230,6 +230,11 @@ class TrainConfig:
     # (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); {}: all these defaults
     lora: dict[str, Any] = field(default_factory=dict)
     top_layers: int | None = None  # trainable=top_layers only: how many last decoder layers
+    # engine=torch, model.dtype bf16/fp16: AdamW updates float32 copies of the trainable weights
+    # (8 more bytes a trained value with Adam's moments) and rounds each step into the model, as
+    # DeepSpeed does; false updates the low-precision weights in place, where steps below half a
+    # bf16 ulp (lr 1e-4 against weights above ~0.026) are lost. Warm start and RL alike
+    master_weights: bool = True
 
 
 @dataclass

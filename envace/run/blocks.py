@@ -175,6 +175,7 @@ def warm_start(cfg: Config, model: Any, tokenizer: Any, splits: TaskSplits) -> d
         min(20, steps // 10),
         steps,
         trainable=Trainable.from_config(cfg),
+        master_weights=cfg.train.master_weights,
     )
     stats = run_sft(
         engine,

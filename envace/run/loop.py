@@ -21,9 +21,9 @@ from envace.rollout.sources import ToolResults
 from envace.run.blocks import push_weights, rollout_policy, tool_results
 from envace.run.job import wait_for_all
 from envace.run.layout import RunPaths, TaskSplits, commit_from_ranks, copy_tensorboard
+from envace.train.adapters import save_hf_checkpoint
 from envace.train.distributed import DEFAULT_TIMEOUT_S, dist_info
 from envace.train.engine import (
-    TorchEngine,
     TrainingEngine,
     load_trainer_state,
     require_finite_weights,
@@ -99,7 +99,7 @@ def rl_stage(
                 "for multi-process runs"
             )
         vllm_dir = paths.checkpoints / "rollout_start"  # the engine's first weights
-        TorchEngine(model, 1.0).save_model(vllm_dir, ctx.tokenizer)
+        save_hf_checkpoint(model, vllm_dir, ctx.tokenizer)
     if resume_from is not None:
         state = load_trainer_state(resume_from / TRAINER_STATE)
         start = restore_learners(learners, state, resume_from, str(resume_from))

@@ -18,8 +18,9 @@ from envace.run.layout import RunPaths, TaskSplits, copy_tensorboard, load_split
 from envace.run.loop import RunContext, rl_stage
 from envace.run.resume import restore_history, resume_point
 from envace.tasks.io import atomic_write_text
+from envace.train.adapters import save_hf_checkpoint
 from envace.train.distributed import DistInfo
-from envace.train.engine import TorchEngine, require_finite_weights
+from envace.train.engine import require_finite_weights
 from envace.train.rl import generation_ready
 from envace.train.tracking import MetricsLogger, NullLogger, TrackedRun, plot_progress
 
@@ -171,7 +172,7 @@ def _run_locked(
             if main:
                 ws_dir = paths.checkpoints / "warm_start"
                 require_finite_weights(st.model, "the weights to save as checkpoints/warm_start")
-                TorchEngine(st.model, 1.0).save_model(ws_dir, tokenizer)
+                save_hf_checkpoint(st.model, ws_dir, tokenizer)
                 paths.commit(ws_dir)
                 record("warm_start", st.model, "warm start")
         wait_for_all(cfg, "evaluations before RL")

@@ -62,8 +62,8 @@ from envace.stages.trainjob import (
     train_step_args,
 )
 from envace.storage.uri import join_uri, parse_uri
+from envace.train.adapters import save_hf_checkpoint
 from envace.train.distributed import dist_info
-from envace.train.engine import TorchEngine
 from envace.train.learners import (
     TRAINER_STATE,
     Learner,
@@ -117,7 +117,7 @@ def warm_start(cfg: Config, checkpoint_uri: str, tasks_uri: str, out_uri: str) -
         ckpt = _load_checkpoint(cfg, checkpoint_uri, tmp, with_state=False)
         stats = run_warm_start(cfg, ckpt.policy, ckpt.tokenizer, splits)
         out = tmp / "out"
-        TorchEngine(ckpt.policy, 1.0).save_model(out, ckpt.tokenizer)
+        save_hf_checkpoint(ckpt.policy, out, ckpt.tokenizer)
         _write_json(out / "warm_start.json", {"source": checkpoint_uri, **stats})
         return _commit(out, out_uri)
 

@@ -12,6 +12,7 @@ weights are always a plain Hugging Face checkpoint (LoRA merged in).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -32,6 +33,10 @@ from envace.train.adapters import (
 from envace.train.batch import MicroBatch, token_logprobs
 
 __all__ = ["TorchEngine", "TrainingEngine", "lr_lambda"]
+
+log = logging.getLogger(__name__)
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def require_finite_weights(model: Any, where: str) -> None:
@@ -134,7 +139,14 @@ class TorchEngine(TrainingEngine):
     """AdamW on one process. `total_steps` sizes the lr schedule. `trainable` (`train.trainable`)
     sets which parameters train before the optimizer is built; None takes the model as it comes
     (its `requires_grad` flags, adapters an earlier engine added: a save-only engine changes
-    nothing)."""
+    nothing).
+
+    `master_weights` (`train.master_weights`): the optimizer updates float32 copies of the
+    trainable bf16/fp16 weights and writes each step's result back, rounded, into the model (as
+    DeepSpeed's ZeRO and torch's mixed precision do). Without them an AdamW step of lr 1e-4 leaves
+    most bf16 weights unchanged: the step is below half a bf16 ulp of any weight above ~0.026
+    (measured on SmolLM2: 14 % of the top layers' weights move at lr 1e-4, 4 % at 2e-5).
+    """
 
     def __init__(
         self,
@@ -146,13 +158,29 @@ class TorchEngine(TrainingEngine):
         warmup: int = 0,
         total_steps: int = 1,
         trainable: Trainable | None = None,
+        master_weights: bool = True,
     ) -> None:
         if trainable is not None:
             apply_trainable(model, trainable)
         self.model = model  # the transformers model itself: adapters sit inside it, unwrapped
         self.trainable = trainable
         self.grad_clip = grad_clip
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        trained = [p for p in model.parameters() if p.requires_grad]
+        # (model weight, its float32 master) for each low-precision trainable weight
+        self.masters = [
+            (p, p.detach().to(torch.float32, copy=True))
+            for p in trained
+            if master_weights and p.dtype in _LOW_PRECISION
+        ]
+        if self.masters:
+            log.info(
+                "torch engine: float32 master weights for %d %s trainable tensors (%.1f M values)",
+                len(self.masters),
+                self.masters[0][0].dtype,
+                sum(p.numel() for p, _ in self.masters) / 1e6,
+            )
+        master_of = {id(p): m for p, m in self.masters}
+        self.params = [master_of.get(id(p), p) for p in trained]  # what the optimizer updates
         decay = [p for p in self.params if p.ndim >= 2]
         no_decay = [p for p in self.params if p.ndim < 2]
         # No weight decay on norms and biases (standard practice, as in nanoGPT).
@@ -177,13 +205,22 @@ class TorchEngine(TrainingEngine):
         loss.backward()
 
     def step(self) -> float:
+        for p, m in self.masters:  # the model's gradients, as float32, onto the masters
+            m.grad = None if p.grad is None else p.grad.to(torch.float32)
+            p.grad = None
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         if torch.isfinite(norm):  # an overflowed gradient is dropped, never applied
             self.optimizer.step()
             self.scheduler.step()
+            self._write_masters()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return float(norm)
+
+    def _write_masters(self) -> None:
+        with torch.no_grad():
+            for p, m in self.masters:
+                p.copy_(m)
 
     @property
     def lr(self) -> float:
@@ -198,6 +235,8 @@ class TorchEngine(TrainingEngine):
             "steps": self.steps,
             "trainable": None if self.trainable is None else self.trainable.describe(),
         }
+        if self.masters:  # the saved weights are the masters rounded: keep the exact values
+            state["master_weights"] = [m.detach().clone() for _, m in self.masters]
         adapters = adapter_state(self.model)
         if adapters:
             state["adapters"] = adapters
@@ -219,9 +258,26 @@ class TorchEngine(TrainingEngine):
                 "train.trainable: this engine trains LoRA adapters but the checkpoint's"
                 " optimizer state has none; resume with the run's train.trainable"
             )
+        self._load_masters(state.get("master_weights"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
+
+    def _load_masters(self, saved: list[torch.Tensor] | None) -> None:
+        """The masters from a saved state, or (none saved: a float32 run's, or one from before
+        master weights) from the model's weights as loaded."""
+        shapes = [tuple(m.shape) for _, m in self.masters]
+        if saved is not None and [tuple(t.shape) for t in saved] != shapes:
+            raise ConfigError(
+                f"train.master_weights: the checkpoint holds {len(saved)} master weight(s), this"
+                f" engine trains {len(shapes)} low-precision tensor(s) of other shapes; resume"
+                " with the run's model.dtype, train.trainable and train.master_weights"
+            )
+        with torch.no_grad():
+            for i, (p, m) in enumerate(self.masters):
+                m.copy_(p if saved is None else saved[i])
+        if saved is not None:
+            self._write_masters()
 
     def save_weights(self, out_dir: Path, tokenizer: Any) -> None:
         """Hugging Face weights + tokenizer (the optimizer state lives in `state_dict`)."""

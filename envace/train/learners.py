@@ -65,6 +65,7 @@ def rl_torch_engine(cfg: Config, model: Any, total_steps: int) -> TorchEngine:
         t.warmup_iterations,
         total_steps,
         trainable=Trainable.from_config(cfg),
+        master_weights=t.master_weights,
     )
 
 
