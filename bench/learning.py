@@ -516,7 +516,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> None:
+def write_report(data: dict[str, Any], doc: Path, command: str, label: str, results: Path) -> None:
     """Replace the study's section of `doc` (or append it) with the table and the plot."""
     png = doc.parent / "img" / "learning-study.png"
     plot(data, png)
@@ -525,7 +525,7 @@ def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> N
         f"Updated {dt.date.today().isoformat()}; machine: {label} ({platform.machine()}, "
         f"Python {platform.python_version()}); model {data.get('model')}; seeds "
         f"{data['seeds']}. Command: `{command}`. Mean ± std over the seeds that ran (count in "
-        "brackets); raw per-seed values in `bench/results/learning.json`.\n\n"
+        f"brackets); raw per-seed values in `{results.as_posix()}`.\n\n"
         f"{table(data)}\n\n{warm_start_note(data)}![learning study]({png.relative_to(doc.parent).as_posix()})\n"
     )
     text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Benchmarks\n"
@@ -538,14 +538,25 @@ def write_report(data: dict[str, Any], doc: Path, command: str, label: str) -> N
     atomic_write_text(doc, text)
 
 
+# Fields added with a default that changed what earlier code did: a results file whose config
+# lacks one ran with the value here (the float32 master weights of 2026-12-05: before them the
+# torch engine stepped bf16 weights in place)
+LEGACY_VALUES: dict[str, Any] = {"train.master_weights": False}
+
+
 def first_difference(old: Any, new: Any, default: Any, path: str = "") -> str | None:
     """Where the config of a results file's cells and this run's differ, or None. A field the
     file's config lacks (added to the code since) counts only when set away from its default:
-    at its default it changes nothing the earlier cells did."""
+    at its default it changes nothing the earlier cells did — except the fields of
+    `LEGACY_VALUES`, which count unless set to the value the earlier code had."""
     if isinstance(old, dict) and isinstance(new, dict):
         default = default if isinstance(default, dict) else {}
         for key in sorted(set(old) | set(new)):
             where = f"{path}.{key}".lstrip(".")
+            if key not in old and where in LEGACY_VALUES:
+                if new.get(key) != LEGACY_VALUES[where]:
+                    return f"{where}: {LEGACY_VALUES[where]!r} there (before the field), {new.get(key)!r} now"
+                continue
             if key not in old and key in default and new.get(key) == default[key]:
                 continue
             diff = first_difference(old.get(key), new.get(key), default.get(key), where)
@@ -642,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
             args.results,
             validation=args.validation,
         )
-    write_report(data, args.doc, command, args.label)
+    write_report(data, args.doc, command, args.label, args.results)
     print(table(data))
     return 0
 

@@ -185,6 +185,14 @@ def test_a_field_added_since_counts_only_away_from_its_default(tmp_path: Path) -
         "algo.simulator_reward: None there, 'fidelity' now"
     )
     assert bench.first_difference(new, new, defaults) is None
+    # a field whose default changed what the code did: lacking it means the old behaviour
+    new["algo"]["simulator_reward"] = defaults["algo"]["simulator_reward"]
+    del old["train"]["master_weights"]
+    assert bench.first_difference(old, new, defaults) == (
+        "train.master_weights: False there (before the field), True now"
+    )
+    new["train"]["master_weights"] = False
+    assert bench.first_difference(old, new, defaults) is None
 
     run = _args(tmp_path, "--seeds", "0", "--modes", "warm_start")
     results = tmp_path / "learning.json"
