@@ -33,7 +33,6 @@ import datetime as dt
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envace.report import text_table  # noqa: E402
+from envace.report import cpu_model, text_table  # noqa: E402
 
 H200_BF16_PEAK_TFLOPS = 790.0  # measured dense bf16 GEMM rate (MEASUREMENTS.md)
 
@@ -805,13 +804,7 @@ def _record_each(base: dict[str, Any], rows: Iterator[dict[str, Any]], record: A
 def _machine(plan: Plan) -> str:
     if plan.device == "cuda":
         return f"{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)"
-    name = platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    return f"{name}, {os.cpu_count()} CPU cores"
+    return f"{cpu_model()}, {os.cpu_count()} CPU cores"
 
 
 def _computed(row: dict[str, Any]) -> str | None:

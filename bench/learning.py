@@ -22,6 +22,9 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
                    the same 16 episodes, more of them to compare within a group),
   high_lr_echo     high_lr with ECHO's auxiliary loss on the caller's observation tokens
                    (`algo.env_loss_coef: 0.1`),
+  high_lr_mini4    high_lr with four optimizer steps an iteration, one per task of the rollout
+                   (`train.ppo_mini_batches: 4`: 4x the steps of the same episodes),
+  lr3e-4           `train.lr: 3e-4`: a 3x larger step instead of more steps,
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -66,6 +69,7 @@ from typing import Any
 from tqdm import tqdm
 
 from envace.config import Config, config_from_mapping, load_config
+from envace.report import cpu_model
 from envace.storage.manifest import MANIFEST_NAME, Manifest
 from envace.tasks.io import atomic_write_text
 
@@ -84,6 +88,10 @@ LEVERS: dict[str, tuple[str, ...]] = {
     "high_lr_group8": ("train.lr=1e-4", "rollout.n=8", "rollout.batch_tasks=2"),
     # high_lr with ECHO's observation loss (lambda 0.1: the paper's "small" weight, untuned)
     "high_lr_echo": ("train.lr=1e-4", "algo.env_loss_coef=0.1"),
+    # more optimizer steps from the same rollouts: 4 mini-batches of one task each per
+    # iteration (verl's ppo_mini_batch_size), or a 3x larger step size
+    "high_lr_mini4": ("train.lr=1e-4", "train.ppo_mini_batches=4"),
+    "lr3e-4": ("train.lr=3e-4",),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
@@ -366,6 +374,8 @@ def run_cells(
             "rl_seconds": round(rl_s, 1),
             "eval_seconds": round(eval_s, 1),
             "warm_start_id": study.warm_start_id(),
+            # bf16 kernels differ across CPU models: one seed's warm start too (its id says)
+            "cpu": cpu_model(),
         }
         if kind == "mode" and validation:
             rec["validation"] = study.validate(model)
@@ -516,8 +526,12 @@ def plot(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+GENERATED_END = "<!-- end of bench/learning.py's table; text below is kept on rewrites -->"
+
+
 def write_report(data: dict[str, Any], doc: Path, command: str, label: str, results: Path) -> None:
-    """Replace the study's section of `doc` (or append it) with the table and the plot."""
+    """Replace the study's table and plot in `doc` (or append the section), keeping what was
+    written by hand below them (after `GENERATED_END`) in the section."""
     png = doc.parent / "img" / "learning-study.png"
     plot(data, png)
     section = (
@@ -527,12 +541,18 @@ def write_report(data: dict[str, Any], doc: Path, command: str, label: str, resu
         f"{data['seeds']}. Command: `{command}`. Mean ± std over the seeds that ran (count in "
         f"brackets); raw per-seed values in `{results.as_posix()}`.\n\n"
         f"{table(data)}\n\n{warm_start_note(data)}![learning study]({png.relative_to(doc.parent).as_posix()})\n"
+        f"{GENERATED_END}\n"
     )
     text = doc.read_text(encoding="utf-8") if doc.is_file() else "# Benchmarks\n"
     start = text.find(SECTION)
     if start >= 0:
         end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
+        end = len(text) if end < 0 else end + 1
+        kept = text.find(GENERATED_END, start, end)
+        if kept >= 0:  # the hand-written text after the marker, up to the next section
+            text = text[:start] + section + text[kept + len(GENERATED_END) + 1 :]
+        else:
+            text = text[:start] + section + "\n" + text[end:]
     else:
         text = text.rstrip("\n") + "\n\n" + section
     atomic_write_text(doc, text)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from envace.report import cpu_model
 from envace.storage.base import CHUNK_SIZE
 
 MiB = 1024 * 1024
@@ -221,11 +222,7 @@ def run_all(sizes: list[int], repeats: int, work: Path, part_size: int) -> list[
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
+    model = cpu_model()
     mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
     return (
         f"{os.cpu_count()} cores ({model}), {mem_kb / 1024 / 1024:.0f} GiB RAM,"

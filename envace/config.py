@@ -206,6 +206,9 @@ class TrainConfig:
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # over train.iterations
     warmup_iterations: int = 0  # linear lr warm-up, in iterations
     ppo_epochs: int = 1  # optimizer passes over each batch (reference: 1, fully on-policy)
+    # optimizer steps per pass: the batch cut into this many mini-batches of whole tasks (verl's
+    # ppo_mini_batch_size, as a count; at most rollout.batch_tasks). 1: one step per pass
+    ppo_mini_batches: int = 1
     micro_batch_rows: int = 16  # rows per forward/backward (gradient accumulation)
     # also at most this many padded tokens per forward/backward (as verl's dynamic batch size,
     # ppo_max_token_len_per_gpu): length-sorted rows under the budget, a longer row alone. Same
@@ -235,6 +238,11 @@ class TrainConfig:
     # DeepSpeed does; false updates the low-precision weights in place, where steps below half a
     # bf16 ulp (lr 1e-4 against weights above ~0.026) are lost. Warm start and RL alike
     master_weights: bool = True
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Optimizer steps of one RL iteration (what an lr schedule over iterations counts)."""
+        return self.ppo_epochs * self.ppo_mini_batches
 
 
 @dataclass
@@ -520,6 +528,14 @@ _RULES: list[Rule] = [
         "must be > 0 (seconds)",
     ),
     ("train.ppo_epochs", lambda c: 1 <= c.train.ppo_epochs <= 100, "must be in [1, 100]"),
+    (
+        "train.ppo_mini_batches",
+        lambda c: 1 <= c.train.ppo_mini_batches <= c.rollout.batch_tasks,
+        lambda c: (
+            f"must be in [1, rollout.batch_tasks = {c.rollout.batch_tasks}]: each mini-batch "
+            "holds whole tasks; lower it or raise rollout.batch_tasks"
+        ),
+    ),
     ("train.micro_batch_rows", lambda c: c.train.micro_batch_rows >= 1, "must be >= 1"),
     (
         "train.micro_batch_tokens",

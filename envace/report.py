@@ -1,11 +1,23 @@
-"""Plain-text and Markdown tables for results people compare."""
+"""Plain-text and Markdown tables for results people compare, and the CPU they came from."""
 
 from __future__ import annotations
 
+import contextlib
+import platform
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["fmt", "markdown_table", "text_table"]
+__all__ = ["cpu_model", "fmt", "markdown_table", "text_table"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the architecture: a figure's machine."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine() or "unknown CPU"
 
 
 def fmt(value: Any, digits: int = 3) -> str:

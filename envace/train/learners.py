@@ -62,7 +62,7 @@ def rl_torch_engine(cfg: Config, model: Any, total_steps: int) -> TorchEngine:
         t.weight_decay,
         t.grad_clip,
         t.lr_schedule,
-        t.warmup_iterations,
+        t.warmup_iterations * t.steps_per_iteration,  # in optimizer steps, as total_steps
         total_steps,
         trainable=Trainable.from_config(cfg),
         master_weights=t.master_weights,
@@ -71,9 +71,9 @@ def rl_torch_engine(cfg: Config, model: Any, total_steps: int) -> TorchEngine:
 
 def make_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
     """The training engine `train.engine` names, its lr schedule spanning `horizon` iterations
-    (times `train.ppo_epochs` optimizer steps). `model.gradient_checkpointing` applies to both
+    (times `train.steps_per_iteration` optimizer steps). `model.gradient_checkpointing` applies to both
     engines."""
-    total = max(1, horizon * cfg.train.ppo_epochs)
+    total = max(1, horizon * cfg.train.steps_per_iteration)
     if cfg.train.engine == "deepspeed":
         try:
             import deepspeed  # noqa: F401

@@ -9,8 +9,10 @@ One iteration (the reference's "step"):
    may score simulator rows by their rehearsal fidelity instead, and `algo.mask_sim_errors`
    masks the caller rows of episodes a malformed rehearsal ended (`row_score`);
 3. advantages per (task uid, role) group;
-4. `ppo_epochs` passes of PPO-clip over the trainable rows, in micro-batches whose losses add up
-   to the full-batch loss, then one optimizer step per pass (reference: one, fully on-policy);
+4. `ppo_epochs` passes of PPO-clip over the trainable rows, each cut into `ppo_mini_batches`
+   mini-batches of whole tasks (verl's ppo_mini_batch_size, as a count), each mini-batch in
+   micro-batches whose losses add up to its whole loss, then one optimizer step per mini-batch
+   (reference: one pass of one mini-batch, fully on-policy);
    with `algo.env_loss_coef` > 0 each pass also adds ECHO's auxiliary loss: that coefficient x
    the cross-entropy of the observation tokens between a caller's packed generations (a token
    mean over the whole batch, `_plan`'s `env_weights`).
@@ -38,6 +40,7 @@ every rank (`DeepSpeedEngine.generation_context`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -72,6 +75,7 @@ __all__ = [
     "ended_by_simulator",
     "generation_ready",
     "iteration_seed",
+    "mini_batches",
     "pack_trajectories",
     "row_score",
     "sample_tasks",
@@ -287,55 +291,89 @@ class RLTrainer:
         return out
 
     def _ppo(self, learner: RoleLearner, rows: Sequence[Row]) -> dict[str, float]:
-        """PPO on `rows` (the same global rows on every rank; each rank trains its share)."""
+        """PPO on `rows` (the same global rows on every rank; each rank trains its share): each
+        of `ppo_epochs` passes takes one optimizer step per mini-batch of tasks
+        (`mini_batches`), as verl's ppo_mini_batch_size."""
         if not rows:
             return {"rows": 0.0}
-        plan = self._plan(learner, pack_trajectories(rows))
-        mbs, t, epochs = plan.mbs, self.cfg.train, self.cfg.train.ppo_epochs
+        t = self.cfg.train
+        plans = [
+            self._plan(learner, pack_trajectories(part))
+            for part in mini_batches(rows, t.ppo_mini_batches)
+        ]
+        # Old log-probs (of the weights that generated the rows): with one pass of one
+        # mini-batch they are the pass's own, since no optimizer step comes before its last
+        # micro-batch, so no extra forward over the batch (as TRL with num_iterations=1);
+        # otherwise they are needed before the first step.
+        on_policy = t.ppo_epochs == 1 and len(plans) == 1
         with torch.no_grad():
-            ref = [self._ref_logprobs(mb) for mb in mbs]
-            # Old log-probs (of the weights that generated the rows): with one pass they are
-            # the pass's own, since no optimizer step comes before its last micro-batch, so no
-            # extra forward over the batch (as TRL with num_iterations=1); several passes
-            # need them before the first step.
-            old = [learner.engine.logprobs(mb).detach() for mb in mbs] if epochs > 1 else []
-        stats = dict(plan.stats)
-        for epoch in range(epochs):
+            refs = [[self._ref_logprobs(mb) for mb in p.mbs] for p in plans]
+            olds: list[list[torch.Tensor]] = (
+                [[]]
+                if on_policy
+                else [[learner.engine.logprobs(mb).detach() for mb in p.mbs] for p in plans]
+            )
+        stats = {k: sum(p.stats[k] for p in plans) for k in plans[0].stats}
+        roles = "+".join(sorted(learner.roles))
+        for epoch in range(t.ppo_epochs):
             sums: dict[str, float] = {}
             maxima: dict[str, float] = {}
-            for i, (mb, w, tw, ew, ref_lp) in enumerate(
-                zip(mbs, plan.weights, plan.token_weights, plan.env_weights, ref, strict=True)
-            ):
-                logp = learner.engine.logprobs(mb)
-                if epochs == 1:
-                    old.append(logp.detach())
-                loss, s = self._loss(mb, logp, old[i], ref_lp)
-                loss = loss * w
-                if mb.env_mask is not None:  # ECHO: the observations' token-mean cross-entropy
-                    env_ce = -(logp * mb.env_mask).sum() / max(mb.num_env_tokens, 1)
-                    loss = loss + self.cfg.algo.env_loss_coef * env_ce * ew
-                    sums["env_ce"] = sums.get("env_ce", 0.0) + float(env_ce.detach()) * ew
-                require_finite(
-                    float(loss.detach()),
-                    f"the RL loss of {'+'.join(sorted(learner.roles))}",
-                    f"Lower train.lr (now {t.lr:g}) or train.grad_clip (now {t.grad_clip:g}).",
-                )
-                learner.engine.backward(loss)
-                for k, v in s.items():
-                    if k in _MAX_STATS:
-                        if w > 0:
-                            maxima[k] = max(maxima.get(k, float("-inf")), float(v))
-                    elif k != "tokens":  # the batch's token count is already in stats
-                        sums[k] = sums.get(k, 0.0) + float(v) * (tw if k in _TOKEN_STATS else w)
-            # Each rank summed world x its share: the mean over ranks is the global value.
-            stats.update({k: all_reduce_mean(v) for k, v in sorted(sums.items())})
+            norms = []
+            for plan, ref, old in zip(plans, refs, olds, strict=True):
+                self._accumulate(learner, plan, ref, old, sums, maxima)
+                norms.append(learner.engine.step())
+                require_finite_weights(learner.engine.model, f"the {roles} model after its update")
+            # The last pass's means: each mini-batch's weights sum to world size over the ranks,
+            # so the mean over ranks and mini-batches is the mean of the mini-batch means.
+            stats.update({k: all_reduce_mean(v) / len(plans) for k, v in sorted(sums.items())})
             stats.update({k: all_reduce_max(maxima.get(k, 0.0)) for k in _MAX_STATS})
-            stats["grad_norm"] = learner.engine.step()
-            roles = "+".join(sorted(learner.roles))
-            require_finite_weights(learner.engine.model, f"the {roles} model after its update")
+            stats["grad_norm"] = sum(norms) / len(norms)
             if epoch == 0:
-                stats["rollout_logprob_diff"] = _logprob_gap(mbs[: plan.real], old[: plan.real])
+                stats["rollout_logprob_diff"] = _logprob_gap(
+                    [mb for p in plans for mb in p.mbs[: p.real]],
+                    [lp for p, old in zip(plans, olds, strict=True) for lp in old[: p.real]],
+                )
+        stats["optimizer_steps"] = float(t.ppo_epochs * len(plans))
         return stats
+
+    def _accumulate(
+        self,
+        learner: RoleLearner,
+        plan: _Plan,
+        ref: Sequence[torch.Tensor | None],
+        old: list[torch.Tensor],
+        sums: dict[str, float],
+        maxima: dict[str, float],
+    ) -> None:
+        """Forward and backward every micro-batch of `plan` (gradients add up to the plan's
+        whole-batch loss), adding its stats into `sums` and `maxima`. An empty `old` is filled
+        with the pass's own detached log-probs (the on-policy case of `_ppo`)."""
+        t = self.cfg.train
+        fill = not old
+        for i, (mb, w, tw, ew, ref_lp) in enumerate(
+            zip(plan.mbs, plan.weights, plan.token_weights, plan.env_weights, ref, strict=True)
+        ):
+            logp = learner.engine.logprobs(mb)
+            if fill:
+                old.append(logp.detach())
+            loss, s = self._loss(mb, logp, old[i], ref_lp)
+            loss = loss * w
+            if mb.env_mask is not None:  # ECHO: the observations' token-mean cross-entropy
+                env_ce = -(logp * mb.env_mask).sum() / max(mb.num_env_tokens, 1)
+                loss = loss + self.cfg.algo.env_loss_coef * env_ce * ew
+                sums["env_ce"] = sums.get("env_ce", 0.0) + float(env_ce.detach()) * ew
+            require_finite(
+                float(loss.detach()),
+                f"the RL loss of {'+'.join(sorted(learner.roles))}",
+                f"Lower train.lr (now {t.lr:g}) or train.grad_clip (now {t.grad_clip:g}).",
+            )
+            learner.engine.backward(loss)
+            for k, v in s.items():
+                if k in _MAX_STATS:
+                    if w > 0:
+                        maxima[k] = max(maxima.get(k, float("-inf")), float(v))
+                elif k != "tokens":  # the batch's token count is already in stats
+                    sums[k] = sums.get(k, 0.0) + float(v) * (tw if k in _TOKEN_STATS else w)
 
     def _plan(self, learner: RoleLearner, train_rows: Sequence[TrainRow]) -> _Plan:
         """This rank's micro-batches of `train_rows` (all ranks' rows), their weights in the
@@ -429,6 +467,20 @@ def _logprob_gap(mbs: Sequence[MicroBatch], old: Sequence[torch.Tensor]) -> floa
             count += row.num_trained
     count_all = all_reduce_sum(count)
     return all_reduce_sum(total) / count_all if count_all else 0.0
+
+
+def mini_batches(rows: Sequence[Row], k: int) -> list[list[Row]]:
+    """`rows` cut into at most `k` mini-batches of whole task groups (a task's rollouts, both
+    roles, stay together: its advantages were computed within it), in order of first
+    appearance, as even in task count as the division allows; fewer when there are fewer
+    tasks. The same rows give the same cut on every rank."""
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.uid, []).append(r)
+    tasks = list(groups.values())
+    k = max(1, min(k, len(tasks)))
+    bounds = [len(tasks) * i // k for i in range(k + 1)]
+    return [[r for g in tasks[a:b] for r in g] for a, b in itertools.pairwise(bounds)]
 
 
 def pack_trajectories(rows: Sequence[Row]) -> list[TrainRow]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file, save_file
 
+from envace.errors import ConfigError
 from envace.storage.artifacts import commit_dir
 from tests.bench.bench_testlib import load_bench
 from tests.helpers.micro import MICRO
@@ -158,6 +159,12 @@ def test_mode_settings() -> None:
     ext = bench.mode_config(base, "external")
     assert ext.rollout.mode == "external" and ext.rollout.external_model is None
     assert bench.mode_config(base, "real").rollout.mode == "real"
+    local = load_config(ROOT / "configs" / "local.yaml")
+    mini = bench.mode_config(local, "high_lr_mini4")
+    assert (mini.train.lr, mini.train.ppo_mini_batches, mini.rollout.mode) == (1e-4, 4, "rehearsal")
+    assert bench.mode_config(local, "lr3e-4").train.lr == 3e-4
+    with pytest.raises(ConfigError, match="ppo_mini_batches"):  # MICRO: 2 tasks an iteration
+        bench.mode_config(base, "high_lr_mini4")
     assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"
     assert bench.mean_std([None]) == "n/a"
 
@@ -334,3 +341,27 @@ def test_validation_tasks_are_held_out_of_training_and_score_every_cell(
         SystemExit, match=r"trained with 2 training task.* not 3; give another --out"
     ):
         bench.main([*other, "--validation", "3"])
+
+
+def test_a_report_rewrite_keeps_the_text_written_below_the_table(tmp_path: Path) -> None:
+    """`write_report` replaces the generated table and plot only: the reading written by hand
+    after its end marker, and the sections around it, survive a rewrite."""
+    bench = _bench()
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Before\n\nfirst\n")
+    res = tmp_path / "learning.json"
+
+    def data(success: float) -> dict[str, Any]:
+        rec = {"success": success, "seconds": 1.0}
+        return {"model": "m", "seeds": [0], "cells": {"mode/rehearsal/seed0": rec}}
+
+    bench.write_report(data(0.25), doc, "cmd one", "a machine", res)
+    doc.write_text(doc.read_text() + "\nReading by hand.\n\n## After\n\nlast\n")
+    bench.write_report(data(0.75), doc, "cmd two", "a machine", res)
+    text = doc.read_text()
+    assert "0.750 (1 seed)" in text and "0.250" not in text and "cmd one" not in text
+    assert text.count(bench.GENERATED_END) == 1
+    assert text.index(bench.GENERATED_END) < text.index("Reading by hand.")
+    assert text.index("Reading by hand.") < text.index("## After")
+    assert "## Before\n\nfirst\n" in text and text.endswith("## After\n\nlast\n")
+    assert (tmp_path / "img" / "learning-study.png").stat().st_size > 0

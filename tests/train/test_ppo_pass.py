@@ -38,6 +38,21 @@ def _signed_rows(cfg: Any, tmp_path: Path) -> tuple[Any, Any, Any, list[Any]]:
     return model, tok, splits, rows
 
 
+def _record_first_step(engine: Any) -> dict[str, torch.Tensor]:
+    """A dict that the engine's first optimizer step fills with the weights it leaves."""
+    after_first: dict[str, torch.Tensor] = {}
+    step = engine.step
+
+    def snapshot() -> float:
+        norm = step()
+        if not after_first:
+            after_first.update({k: v.clone() for k, v in engine.model.state_dict().items()})
+        return norm
+
+    engine.step = snapshot
+    return after_first
+
+
 def test_one_pass_uses_its_own_forward_as_the_old_logprobs(tmp_path: Path) -> None:
     """ppo_epochs=1 runs one forward per micro-batch (the old log-probs are that forward's,
     detached: no step comes before the pass ends) and ends on exactly the weights that the
@@ -62,16 +77,7 @@ def test_one_pass_uses_its_own_forward_as_the_old_logprobs(tmp_path: Path) -> No
     assert stats["policy/rollout_logprob_diff"] < 1e-5  # sampled by these very weights
 
     two, engine2 = _trainer(cfg2, copy.deepcopy(model), tok, splits.train)
-    after_first: dict[str, torch.Tensor] = {}
-    step = engine2.step
-
-    def snapshot() -> float:
-        norm = step()
-        if not after_first:
-            after_first.update({k: v.clone() for k, v in engine2.model.state_dict().items()})
-        return norm
-
-    engine2.step = snapshot  # type: ignore[method-assign]
+    after_first = _record_first_step(engine2)
     two.update(rows)
     got = engine1.model.state_dict()
     assert any(not torch.equal(got[k], model.state_dict()[k]) for k in got)  # it trained
