@@ -20,6 +20,7 @@ lets SDPA take its fused causal (flash) kernel instead of a masked one.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,6 +28,9 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from envace.rollout.types import Role, Row
+from envace.train.distributed import all_reduce_sum
 
 __all__ = [
     "ChunkFn",
@@ -36,8 +40,11 @@ __all__ = [
     "chunk_logprobs",
     "collate",
     "compiled_chunk_logprobs",
+    "logprob_gap",
     "make_micro_batches",
+    "mini_batches",
     "pack_prefix_rows",
+    "pack_trajectories",
     "token_logprobs",
 ]
 
@@ -321,3 +328,50 @@ def token_logprobs(
     out = torch.zeros(target_mask.shape, dtype=flat.dtype, device=flat.device)
     out[target_mask] = flat
     return torch.nn.functional.pad(out, (1, 0))  # align: position t holds log p(token_t)
+
+
+def mini_batches(rows: Sequence[Row], k: int) -> list[list[Row]]:
+    """`rows` cut into at most `k` mini-batches of whole task groups (a task's rollouts, both
+    roles, stay together: its advantages were computed within it), in order of first
+    appearance, as even in task count as the division allows; fewer when there are fewer
+    tasks. The same rows give the same cut on every rank."""
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.uid, []).append(r)
+    tasks = list(groups.values())
+    k = max(1, min(k, len(tasks)))
+    bounds = [len(tasks) * i // k for i in range(k + 1)]
+    return [[r for g in tasks[a:b] for r in g] for a, b in itertools.pairwise(bounds)]
+
+
+def pack_trajectories(rows: Sequence[Row]) -> list[TrainRow]:
+    """Trainer rows of `rows` (in generation order within each trajectory): each trajectory's
+    caller generations packed where one extends the previous (see the module docstring);
+    simulator rows one each."""
+    callers: dict[str, list[TrainRow]] = {}
+    out: list[TrainRow] = []
+    for r in rows:
+        row = TrainRow(r.prompt_ids, r.response_ids, r.advantage, list(r.logprobs), str(r.role))
+        if r.role == Role.CALLER:
+            callers.setdefault(r.traj_id, []).append(row)
+        else:
+            out.append(row)
+    for group in callers.values():
+        out += pack_prefix_rows(group)
+    return out
+
+
+def logprob_gap(mbs: Sequence[MicroBatch], old: Sequence[torch.Tensor]) -> float:
+    """Mean |log p_trainer - log p_sampler| over the response tokens of all ranks' rows: how
+    far the generating weights (a vLLM engine, or another precision) are from the trained
+    ones. ~0 when the rollout ran on the trainer's own weights at temperature 1."""
+    total, count = 0.0, 0
+    for mb, lp in zip(mbs, old, strict=True):
+        for b, row in enumerate(mb.rows):
+            if not row.old_logprobs or len(row.old_logprobs) != row.num_trained:
+                continue
+            mine = torch.cat([lp[b, s:e] for s, e in row.spans]).float().cpu()
+            total += float((mine - torch.tensor(row.old_logprobs)).abs().sum())
+            count += row.num_trained
+    count_all = all_reduce_sum(count)
+    return all_reduce_sum(total) / count_all if count_all else 0.0

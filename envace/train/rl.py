@@ -40,7 +40,6 @@ every rank (`DeepSpeedEngine.generation_context`).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import random
 import time
@@ -59,7 +58,14 @@ from envace.rollout.policies import Policy
 from envace.rollout.sources import ToolResults
 from envace.rollout.types import EndReason, Role, Row, Trajectory
 from envace.tasks.model import Task
-from envace.train.batch import MicroBatch, TrainRow, make_micro_batches, pack_prefix_rows
+from envace.train.batch import (
+    MicroBatch,
+    TrainRow,
+    logprob_gap,
+    make_micro_batches,
+    mini_batches,
+    pack_trajectories,
+)
 from envace.train.distributed import (
     all_reduce_max,
     all_reduce_mean,
@@ -75,8 +81,6 @@ __all__ = [
     "ended_by_simulator",
     "generation_ready",
     "iteration_seed",
-    "mini_batches",
-    "pack_trajectories",
     "row_score",
     "sample_tasks",
 ]
@@ -329,7 +333,7 @@ class RLTrainer:
             stats.update({k: all_reduce_max(maxima.get(k, 0.0)) for k in _MAX_STATS})
             stats["grad_norm"] = sum(norms) / len(norms)
             if epoch == 0:
-                stats["rollout_logprob_diff"] = _logprob_gap(
+                stats["rollout_logprob_diff"] = logprob_gap(
                     [mb for p in plans for mb in p.mbs[: p.real]],
                     [lp for p, old in zip(plans, olds, strict=True) for lp in old[: p.real]],
                 )
@@ -451,53 +455,6 @@ class RLTrainer:
         from envace.train.batch import token_logprobs
 
         return token_logprobs(self.ref_model, mb).detach()
-
-
-def _logprob_gap(mbs: Sequence[MicroBatch], old: Sequence[torch.Tensor]) -> float:
-    """Mean |log p_trainer - log p_sampler| over the response tokens of all ranks' rows: how
-    far the generating weights (a vLLM engine, or another precision) are from the trained
-    ones. ~0 when the rollout ran on the trainer's own weights at temperature 1."""
-    total, count = 0.0, 0
-    for mb, lp in zip(mbs, old, strict=True):
-        for b, row in enumerate(mb.rows):
-            if not row.old_logprobs or len(row.old_logprobs) != row.num_trained:
-                continue
-            mine = torch.cat([lp[b, s:e] for s, e in row.spans]).float().cpu()
-            total += float((mine - torch.tensor(row.old_logprobs)).abs().sum())
-            count += row.num_trained
-    count_all = all_reduce_sum(count)
-    return all_reduce_sum(total) / count_all if count_all else 0.0
-
-
-def mini_batches(rows: Sequence[Row], k: int) -> list[list[Row]]:
-    """`rows` cut into at most `k` mini-batches of whole task groups (a task's rollouts, both
-    roles, stay together: its advantages were computed within it), in order of first
-    appearance, as even in task count as the division allows; fewer when there are fewer
-    tasks. The same rows give the same cut on every rank."""
-    groups: dict[str, list[Row]] = {}
-    for r in rows:
-        groups.setdefault(r.uid, []).append(r)
-    tasks = list(groups.values())
-    k = max(1, min(k, len(tasks)))
-    bounds = [len(tasks) * i // k for i in range(k + 1)]
-    return [[r for g in tasks[a:b] for r in g] for a, b in itertools.pairwise(bounds)]
-
-
-def pack_trajectories(rows: Sequence[Row]) -> list[TrainRow]:
-    """Trainer rows of `rows` (in generation order within each trajectory): each trajectory's
-    caller generations packed where one extends the previous (see the module docstring);
-    simulator rows one each."""
-    callers: dict[str, list[TrainRow]] = {}
-    out: list[TrainRow] = []
-    for r in rows:
-        row = TrainRow(r.prompt_ids, r.response_ids, r.advantage, list(r.logprobs), str(r.role))
-        if r.role == Role.CALLER:
-            callers.setdefault(r.traj_id, []).append(row)
-        else:
-            out.append(row)
-    for group in callers.values():
-        out += pack_prefix_rows(group)
-    return out
 
 
 @dataclass

@@ -12,8 +12,8 @@ import torch
 from envace.config import load_config
 from envace.errors import ConfigError
 from envace.rollout.types import Role, Row
+from envace.train.batch import mini_batches
 from envace.train.learners import make_engine
-from envace.train.rl import mini_batches
 from tests.helpers.micro import MICRO
 from tests.train.test_ppo_pass import _record_first_step, _signed_rows, _trainer
 

@@ -20,8 +20,8 @@ from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.types import Role, Row
 from envace.run import RunPaths, init_model, load_splits, model_policy, prepare_tasks
-from envace.train import rl
-from envace.train.batch import MicroBatch
+from envace.train import batch
+from envace.train.batch import MicroBatch, pack_trajectories
 from envace.train.engine import TorchEngine
 from envace.train.rl import RLTrainer, RoleLearner
 from tests.helpers.micro import MICRO
@@ -111,7 +111,7 @@ def test_packed_caller_rows_give_the_unpacked_loss_gradients_and_stats(
     lr = 10.0  # a big step: the second pass clips, dual-clips and leaves the reference
     packed, packed_engine = _update(cfg, rollout, lr)
     with monkeypatch.context() as m:
-        m.setattr(rl, "pack_prefix_rows", list)
+        m.setattr(batch, "pack_prefix_rows", list)
         plain, plain_engine = _update(cfg, rollout, lr)
 
     p = {k.removeprefix("policy/"): v for k, v in packed.items()}
@@ -140,7 +140,7 @@ def test_packed_caller_rows_give_the_unpacked_loss_gradients_and_stats(
 
 def test_each_trajectorys_caller_rows_pack_and_simulator_rows_stay_alone(rollout: Any) -> None:
     rows = rollout[3]
-    packed = rl.pack_trajectories(rows)
+    packed = pack_trajectories(rows)
     callers = [r for r in rows if r.role is Role.CALLER]
     trajectories = {r.traj_id for r in callers}
     assert len(callers) > len(trajectories)  # some trajectory has several caller turns
@@ -157,7 +157,7 @@ def test_each_trajectorys_caller_rows_pack_and_simulator_rows_stay_alone(rollout
 def test_packed_caller_rows_mark_the_observations_between_their_generations(rollout: Any) -> None:
     """`env_spans` tile the gaps of a packed row: generations and observations alternate and
     together cover everything after the first prompt."""
-    packed = [t for t in rl.pack_trajectories(rollout[3]) if t.role == "caller"]
+    packed = [t for t in pack_trajectories(rollout[3]) if t.role == "caller"]
     assert any(t.env_spans for t in packed)
     for t in packed:
         spans, env = t.spans, t.env_spans or []
@@ -190,7 +190,7 @@ def test_echo_loss_is_the_observations_token_mean_cross_entropy(
 
     ref = copy.deepcopy(model).float()
     total, count = torch.zeros(()), 0
-    for t in rl.pack_trajectories(zero):
+    for t in pack_trajectories(zero):
         seq = torch.tensor([t.prompt_ids + t.response_ids])
         logp = ref(input_ids=seq).logits.float().log_softmax(-1)[0]
         for s, e in t.env_spans or []:
