@@ -346,8 +346,8 @@ def mini_batches(rows: Sequence[Row], k: int) -> list[list[Row]]:
 
 def pack_trajectories(rows: Sequence[Row]) -> list[TrainRow]:
     """Trainer rows of `rows` (in generation order within each trajectory): each trajectory's
-    caller generations packed where one extends the previous (see the module docstring);
-    simulator rows one each."""
+    caller generations packed where one extends the previous (envace.train.rl's module
+    docstring says why the loss is the unpacked one); simulator rows one each."""
     callers: dict[str, list[TrainRow]] = {}
     out: list[TrainRow] = []
     for r in rows:

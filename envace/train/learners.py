@@ -71,8 +71,8 @@ def rl_torch_engine(cfg: Config, model: Any, total_steps: int) -> TorchEngine:
 
 def make_engine(cfg: Config, model: Any, horizon: int) -> TrainingEngine:
     """The training engine `train.engine` names, its lr schedule spanning `horizon` iterations
-    (times `train.steps_per_iteration` optimizer steps). `model.gradient_checkpointing` applies to both
-    engines."""
+    (times `train.steps_per_iteration` optimizer steps). `model.gradient_checkpointing` applies
+    to both engines."""
     total = max(1, horizon * cfg.train.steps_per_iteration)
     if cfg.train.engine == "deepspeed":
         try:
