@@ -25,6 +25,8 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
   high_lr_mini4    high_lr with four optimizer steps an iteration, one per task of the rollout
                    (`train.ppo_mini_batches: 4`: 4x the steps of the same episodes),
   lr3e-4           `train.lr: 3e-4`: a 3x larger step instead of more steps,
+  high_lr_batch16  high_lr with 16 tasks x 4 rollouts an iteration (`rollout.batch_tasks: 16`):
+                   4x the episodes behind each of the same 3 steps,
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -92,6 +94,9 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # iteration (verl's ppo_mini_batch_size), or a 3x larger step size
     "high_lr_mini4": ("train.lr=1e-4", "train.ppo_mini_batches=4"),
     "lr3e-4": ("train.lr=3e-4",),
+    # 4x the episodes per optimizer step (16 tasks x 4 rollouts an iteration, same groups, same
+    # 3 steps): a less noisy gradient rather than more or larger steps from a noisy one
+    "high_lr_batch16": ("train.lr=1e-4", "rollout.batch_tasks=16"),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
