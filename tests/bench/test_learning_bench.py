@@ -163,6 +163,9 @@ def test_mode_settings() -> None:
     mini = bench.mode_config(local, "high_lr_mini4")
     assert (mini.train.lr, mini.train.ppo_mini_batches, mini.rollout.mode) == (1e-4, 4, "rehearsal")
     assert bench.mode_config(local, "lr3e-4").train.lr == 3e-4
+    batch = bench.mode_config(local, "high_lr_batch16")  # 4x the episodes, same groups of 4
+    assert (batch.train.lr, batch.rollout.batch_tasks, batch.rollout.n) == (1e-4, 16, 4)
+    assert batch.train.ppo_mini_batches == 1 and batch.train.iterations == local.train.iterations
     with pytest.raises(ConfigError, match="ppo_mini_batches"):  # MICRO: 2 tasks an iteration
         bench.mode_config(base, "high_lr_mini4")
     assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"
