@@ -79,7 +79,7 @@ def weight_drift(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]
 
 
 def first_token_pull(
-    model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]], tool_schemas: str
+    model: Any, tokenizer: Any, tasks: Sequence[Any], tool_schemas: str
 ) -> dict[str, Any]:
     """Mean p(first caller token = <|im_end|>) over the tasks' first turns, and the greedy first
     tokens with their counts."""
@@ -90,10 +90,10 @@ def first_token_pull(
     p_end: list[float] = []
     greedy: dict[str, int] = {}
     for task in tasks:
-        msgs = [{"role": "user", "content": task["turns"][0]["user"]}]
-        if task.get("system"):
-            msgs.insert(0, {"role": "system", "content": task["system"]})
-        tools = compact_tools(task["tools"]) if tool_schemas == "compact" else task["tools"]
+        msgs = [{"role": "user", "content": task.turns[0].user}]
+        if task.system:
+            msgs.insert(0, {"role": "system", "content": task.system})
+        tools = compact_tools(task.tools) if tool_schemas == "compact" else task.tools
         ids = renderer.prompt_ids(msgs, tools)
         with torch.inference_mode():
             probs = model(input_ids=torch.tensor([ids])).logits[0, -1].float().softmax(-1)
@@ -108,25 +108,18 @@ def first_token_pull(
     }
 
 
-def read_tasks(path: Path, limit: int) -> list[dict[str, Any]]:
-    """The first `limit` tasks of a task JSONL file, each with a first user turn and tools."""
-    tasks: list[dict[str, Any]] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if len(tasks) >= limit:
-            break
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-            if not isinstance(task["turns"][0]["user"], str) or not isinstance(task["tools"], list):
-                raise TypeError("turns[0].user must be a string and tools a list")
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise SystemExit(
-                f"{path}:{lineno}: not a task with turns[0].user and tools ({exc!r}); give a "
-                "task JSONL file such as a run's tasks/test.jsonl"
-            ) from None
-        tasks.append(task)
-    return tasks
+def read_tasks(path: Path, limit: int) -> list[Any]:
+    """The first `limit` tasks of a task file, checked by the project's loader (a bad task
+    names its file, line and field)."""
+    from envace.tasks.loader import load_tasks
+    from envace.tasks.problems import TaskFormatError
+
+    try:
+        return load_tasks(path).tasks[:limit]
+    except TaskFormatError as exc:
+        raise SystemExit(
+            f"{exc}; give a task JSONL file such as a run's tasks/test.jsonl"
+        ) from None
 
 
 def _load(path: Path) -> tuple[Any, Any, dict[str, torch.Tensor]]:
@@ -147,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
     tasks = read_tasks(args.tasks, args.limit) if args.tasks is not None else []
-    torch.manual_seed(0)
     model, tok, ref = _load(args.before)
     rows = []
     report: dict[str, Any] = {

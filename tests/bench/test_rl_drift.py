@@ -23,10 +23,16 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return load_bench("rl_drift.py", monkeypatch)
 
 
-def _tasks(n: int) -> list[dict[str, Any]]:
+def _records(n: int) -> list[dict[str, Any]]:
     from envace.tasks.generate import generate_splits
 
     return list(generate_splits(n, n, 0).test)[:n]
+
+
+def _tasks(n: int) -> list[Any]:
+    from envace.tasks.io import task_from_dict
+
+    return [task_from_dict(r) for r in _records(n)]
 
 
 class _Ender(torch.nn.Module):
@@ -93,7 +99,7 @@ def test_cli_compares_checkpoints_and_names_a_bad_task_file(
         model.model.layers[1].mlp.up_proj.weight.add_(1e-2)
     save_checkpoint(model, tok, tmp_path / "after")
     tasks = tmp_path / "test.jsonl"
-    tasks.write_text("".join(json.dumps(t) + "\n" for t in _tasks(2)))
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in _records(2)))
     out = tmp_path / "drift.json"
     args = ["--before", str(tmp_path / "before"), "--after", str(tmp_path / "after")]
     assert bench.main([*args, "--tasks", str(tasks), "--out", str(out)]) == 0
@@ -107,5 +113,5 @@ def test_cli_compares_checkpoints_and_names_a_bad_task_file(
     assert "p(<|im_end|> first)" in capsys.readouterr().out
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x"}\n')
-    with pytest.raises(SystemExit, match=r"bad\.jsonl:1: not a task"):
+    with pytest.raises(SystemExit, match=r"bad\.jsonl:1 \(id=x\): tools"):
         bench.main([*args, "--tasks", str(bad)])
