@@ -215,6 +215,10 @@ class TrainConfig:
     # update, less padding. null: rows only
     micro_batch_tokens: int | None = None
     save_every: int = 10  # checkpoint every K iterations (and at the end)
+    # write each iteration's scored trajectories (messages, calls, turn scores, reward, and each
+    # generation's role, length, score and advantage) to rollouts/iter_NNNNNN.jsonl in the run's
+    # folder, as verl's trainer.rollout_data_dir: what the policy did, not only the metrics
+    save_rollouts: bool = False
     eval_every: int = 0  # evaluate on held-out tasks every K iterations (0: only at the end)
     seed: int = 0  # seed of RL task sampling and rollout sampling, per iteration
     # engine=deepspeed only: DeepSpeed JSON keys merged over the engine's defaults (ZeRO stage,

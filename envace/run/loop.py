@@ -14,6 +14,7 @@ import torch
 
 from envace.config import Config
 from envace.errors import ConfigError
+from envace.evaluate.report import write_trajectories
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import ModelPolicy
@@ -21,6 +22,7 @@ from envace.rollout.sources import ToolResults
 from envace.run.blocks import push_weights, rollout_policy, tool_results
 from envace.run.job import wait_for_all
 from envace.run.layout import RunPaths, TaskSplits, commit_from_ranks, copy_tensorboard
+from envace.storage.checkpoints import checkpoint_name
 from envace.train.adapters import save_hf_checkpoint
 from envace.train.distributed import DEFAULT_TIMEOUT_S, dist_info
 from envace.train.engine import (
@@ -142,6 +144,11 @@ def _rl_loop(
     )
     for it in bar:
         rec = trainer.iteration(it)
+        if t.save_rollouts and ctx.paths.writes:
+            name = f"{checkpoint_name(it + 1)}.jsonl"
+            write_trajectories(
+                trainer.last_trajectories, ctx.paths.out / "rollouts" / name, rows=True
+            )
         rec["time/weight_sync_s"] = push_weights(policy, learners[0].engine)
         if eval_hook is not None and t.eval_every and (it + 1) % t.eval_every == 0:
             with trainer.generation_ready():
@@ -188,8 +195,6 @@ def save_rl_checkpoint(
     """checkpoints/rl/iter_N: every learner's weights (and DeepSpeed shards), rank 0's trainer
     state and history, committed. Under torchrun each node's first rank uploads what its node's
     ranks wrote (`commit_from_ranks`), so nodes need no shared disk, only the store."""
-    from envace.storage.checkpoints import checkpoint_name
-
     ckpt = paths.checkpoints / "rl" / checkpoint_name(it)
     for lr in learners:
         require_finite_weights(

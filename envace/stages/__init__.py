@@ -47,6 +47,7 @@ from envace.stages.steps import (
 )
 from envace.stages.store import (
     CHECKPOINT_META,
+    EPISODES,
     ROLLOUT_META,
     TRAIN_METRICS,
     RunLayout,
@@ -72,6 +73,7 @@ from envace.stages.trainjob import (
 
 __all__ = [
     "CHECKPOINT_META",
+    "EPISODES",
     "REHEARSAL_PREFIX",
     "ROLLOUT_META",
     "TRAIN_METRICS",

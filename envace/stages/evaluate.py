@@ -4,7 +4,6 @@ test-time rehearsal, and the Markdown report."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from envace.evaluate.rehearsal import (
     parse_rehearsal,
     rehearsal_gain,
 )
-from envace.evaluate.report import trajectory_record
+from envace.evaluate.report import write_trajectories
 from envace.evaluate.runner import EvalResult
 from envace.report import fmt, markdown_table
 from envace.rollout.engine import RolloutConfig
@@ -186,8 +185,7 @@ def _write_rehearsal(
     """rehearsal/: the execution with notes (metrics.json, trajectories.jsonl) and the notes."""
     config = {k: v for k, v in dataclasses.asdict(rehearsal).items() if k != "memory_prompt"}
     _write_json(folder / "metrics.json", {**rehearsed.metrics.to_dict(), "config": config})
-    lines = "".join(json.dumps(trajectory_record(t)) + "\n" for t in rehearsed.trajectories)
-    (folder / "trajectories.jsonl").write_text(lines, encoding="utf-8")
+    write_trajectories(rehearsed.trajectories, folder / "trajectories.jsonl")
     write_memories(outcome, folder / "memories.jsonl")
 
 
@@ -226,6 +224,5 @@ def evaluate(
         )
         _write_json(out / "metrics.json", {**metrics, "checkpoint": checkpoint_uri})
         (out / "report.md").write_text(report, encoding="utf-8")
-        lines = "".join(json.dumps(trajectory_record(t)) + "\n" for t in result.trajectories)
-        (out / "trajectories.jsonl").write_text(lines, encoding="utf-8")
+        write_trajectories(result.trajectories, out / "trajectories.jsonl")
         return Evaluation(_commit(out, out_uri), metrics, report, ckpt.meta.iteration)

@@ -16,6 +16,7 @@ import torch
 
 from envace.config import Config
 from envace.errors import UserInputError
+from envace.evaluate.report import write_trajectories
 from envace.policy.chat import ChatRenderer
 from envace.rollout.grading import TaskGrader
 from envace.rollout.io import read_rows, write_rows
@@ -41,6 +42,7 @@ from envace.stages.checkpoint import (
 )
 from envace.stages.store import (
     CHECKPOINT_META,
+    EPISODES,
     ROLLOUT_META,
     TRAIN_METRICS,
     StageError,
@@ -164,6 +166,8 @@ def rollout(
             policy.close()
         out = tmp / "out"
         write_rows(rows, out)
+        if cfg.train.save_rollouts:  # the episodes themselves, beside the rows
+            write_trajectories(trainer.last_trajectories, out / EPISODES, rows=True)
         meta = {"iteration": iteration, "checkpoint": checkpoint_uri, "tasks": tasks_uri}
         _write_json(out / ROLLOUT_META, {**meta, "metrics": metrics})
         return Rollout(_commit(out, out_uri), metrics)

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_META = "checkpoint.json"
 ROLLOUT_META = "rollout.json"
+EPISODES = "episodes.jsonl"  # a rollout's scored trajectories (train.save_rollouts)
 TRAIN_METRICS = "train_metrics.json"
 
 

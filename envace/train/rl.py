@@ -170,6 +170,7 @@ class RLTrainer:
                     )
         self.rollout_cfg = RolloutConfig.from_config(cfg)
         self.engine: RolloutEngine | None = None  # None: this trainer only updates
+        self.last_trajectories: list[Trajectory] = []  # the last `collect`'s, every rank's
         if sources is not None:
             self.engine = RolloutEngine(
                 policy, self.rollout_cfg, grader, sources.simulator, sources.make_env
@@ -234,6 +235,7 @@ class RLTrainer:
         t_rollout = time.perf_counter() - t0
         trajs = [t for part in gather_objects(local) for t in part]
         rows, adv_metrics = self._advantages(trajs)
+        self.last_trajectories = trajs  # scored: `train.save_rollouts` writes them
         return rows, {
             "iteration": it + 1,
             **_rollout_metrics(trajs),

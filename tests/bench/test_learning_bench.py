@@ -166,6 +166,10 @@ def test_mode_settings() -> None:
     batch = bench.mode_config(local, "high_lr_batch16")  # 4x the episodes, same groups of 4
     assert (batch.train.lr, batch.rollout.batch_tasks, batch.rollout.n) == (1e-4, 16, 4)
     assert batch.train.ppo_mini_batches == 1 and batch.train.iterations == local.train.iterations
+    for lever, lr in (("lora_r16", 5e-4), ("lora_r16_lr1e-3", 1e-3)):  # the warm start: top 12
+        lora = bench.mode_config(local, lever)
+        assert (lora.train.trainable, lora.train.top_layers, lora.train.lr) == ("lora", None, lr)
+        assert lora.train.lora == {} and lora.warm_start == local.warm_start
     with pytest.raises(ConfigError, match="ppo_mini_batches"):  # MICRO: 2 tasks an iteration
         bench.mode_config(base, "high_lr_mini4")
     assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"

@@ -256,6 +256,18 @@ def test_rollout_writes_rows_with_advantages_and_metrics(
     meta = json.loads((Path(out) / stages.ROLLOUT_META).read_text())
     assert meta["checkpoint"] == p.checkpoint_uri and meta["iteration"] == 0
     assert meta["metrics"]["iteration"] == 1
+    assert not (Path(out) / stages.EPISODES).exists()  # train.save_rollouts: off by default
+    # on: the round's episodes committed beside the rows, one per trajectory the rows came from
+    kept = stages.RunLayout(store, "ro-kept").rollout(0)
+    keep = copy.deepcopy(cfg)  # the fixture's config is shared
+    keep.train.save_rollouts = True
+    stages.rollout(keep, p.checkpoint_uri, p.tasks_uri, 0, kept)
+    verify(kept, deep=True)  # in the manifest
+    lines = (Path(kept) / stages.EPISODES).read_text().splitlines()
+    episodes = [json.loads(x) for x in lines]
+    assert len(episodes) == cfg.rollout.n * cfg.rollout.batch_tasks
+    assert {e["traj_id"] for e in episodes} == {r.traj_id for r in read_rows(Path(kept))}
+    assert all(e["rows"] and "advantage" in e["rows"][0] for e in episodes)
 
 
 @pytest.mark.parametrize("mode", ["real", "external"])

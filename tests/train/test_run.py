@@ -22,7 +22,8 @@ def _lines(path: Path) -> list[dict[str, object]]:
 def test_run_writes_every_artifact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     args = ["run", "--out", str(out), *[a for kv in MICRO for a in ("--set", kv)]]
-    assert main([*args, "--set", "train.iterations=2", "--set", "tensorboard=true"]) == 0
+    sets = ["train.iterations=2", "tensorboard=true", "train.save_rollouts=true"]
+    assert main([*args, *[a for kv in sets for a in ("--set", kv)]]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["stages"]) == {"untrained", "warm_start", "rl"}
     for stage in summary["stages"].values():
@@ -32,6 +33,16 @@ def test_run_writes_every_artifact(tmp_path: Path, capsys: pytest.CaptureFixture
     records = _lines(out / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [1, 2]
     assert all("policy/loss" in r and "reward/mean" in r for r in records)
+    for rec in records:  # each iteration's scored episodes, as its metrics counted them
+        episodes = _lines(out / "rollouts" / f"iter_{rec['iteration']:06d}.jsonl")
+        rewards = [e["reward"] for e in episodes]
+        assert sum(rewards) / len(rewards) == pytest.approx(rec["reward/mean"])
+        rows = [r for e in episodes for r in e["rows"]]
+        assert sum(r["role"] == "caller" for r in rows) == rec["rows/caller"]
+        assert all(r["advantage"] is not None for r in rows)
+        for e in episodes:  # a valid caller row is credited with its episode's reward
+            scores = [r["score"] for r in e["rows"] if r["role"] == "caller" and r["valid"]]
+            assert scores == pytest.approx([e["reward"]] * len(scores))
     assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
     assert list((out / "tensorboard").iterdir())
     for ckpt in ("init", "warm_start", "final", "rl/iter_000002"):
