@@ -29,6 +29,9 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
                    4x the episodes behind each of the same 3 steps,
   lora_r16         RL through LoRA adapters (`train.trainable: lora`, r 16, every projection)
                    on the warm start's weights, lr 5e-4 (lora_r16_lr1e-3: lr 1e-3),
+  long12           12 RL iterations instead of 3 (4x the episodes, 4x the steps), the
+                   validation score every 3 (`validation_curve`); real_long12: the same in
+                   the real worlds (rollout.mode real: the upper bound's curve),
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -106,6 +109,16 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # the 10x that "LoRA without regret" (Schulman et al. 2025) found LoRA's RL optimum to be
     "lora_r16": ("train.trainable=lora", "train.top_layers=null", "train.lr=5e-4"),
     "lora_r16_lr1e-3": ("train.trainable=lora", "train.top_layers=null", "train.lr=1e-3"),
+    # the budget itself: 4x the iterations (12 of 16 episodes, new episodes each), scored on
+    # the validation tasks every 3; and the same in the real worlds (the upper bound's curve):
+    # does RL move the policy with more data, and does rehearsal follow where real RL goes?
+    "long12": ("train.iterations=12", "train.eval_every=3", "train.save_every=12"),
+    "real_long12": (
+        "rollout.mode=real",
+        "train.iterations=12",
+        "train.eval_every=3",
+        "train.save_every=12",
+    ),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
@@ -161,6 +174,7 @@ class Study:
         # cell so that settings (lr, ...) are chosen there and never on the held-out split
         self.validation = validation
         self.val: list[Any] = []
+        self.curve: list[dict[str, Any]] = []  # the last policy_model's validation points
         self._warm: tuple[Any, Any, Any] | None = None
 
     def warm(self) -> tuple[Any, Any, Any]:
@@ -231,9 +245,12 @@ class Study:
         return warm_start_id(self.out / "checkpoints" / "warm_start")
 
     def policy_model(self, mode: str) -> tuple[Any, float]:
-        """The model a mode ends with (RL from the warm start) and the RL seconds."""
+        """The model a mode ends with (RL from the warm start) and the RL seconds. With
+        validation tasks and a mode's `train.eval_every`, the policy is also scored on them every
+        that many iterations (`self.curve`; the seconds exclude it)."""
         model, tok, splits = self.warm()
         m = copy.deepcopy(model)
+        self.curve = []
         if mode == "warm_start":
             return m, 0.0
         from envace.run import RunContext, RunPaths, rl_stage
@@ -243,13 +260,22 @@ class Study:
         cfg.train.save_rollouts = True  # the cell's training episodes, kept for a diagnosis
         folder = self.out / mode
         logger = MetricsLogger(folder, tensorboard=False)
+        every, scoring = cfg.train.eval_every, [0.0]
+
+        def score(policy: Any) -> float:
+            t = time.perf_counter()
+            point = {"iteration": every * (len(self.curve) + 1), **self.validate(policy)}
+            self.curve.append(point)
+            scoring[0] += time.perf_counter() - t
+            return float(point["success"])
+
         t0 = time.perf_counter()
         try:
             ctx = RunContext(cfg, RunPaths(folder, str(folder)), splits, m, tok)
-            m, _, _ = rl_stage(ctx, logger)
+            m, _, _ = rl_stage(ctx, logger, score if self.validation and every else None)
         finally:
             logger.close()
-        return m, time.perf_counter() - t0
+        return m, time.perf_counter() - t0 - scoring[0]
 
     def validate(self, model: Any) -> dict[str, Any]:
         """The model's greedy score on the validation tasks (no fidelity probes: cheaper)."""
@@ -394,6 +420,8 @@ def run_cells(
         }
         if kind == "mode" and validation:
             rec["validation"] = study.validate(model)
+            if study.curve:  # the validation score every train.eval_every RL iterations
+                rec["validation_curve"] = study.curve
         if kind == "mode" and name != "warm_start":
             save_trained(study, name, model)
         key = cell_key(kind, name, seed)

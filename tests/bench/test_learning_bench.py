@@ -166,6 +166,10 @@ def test_mode_settings() -> None:
     batch = bench.mode_config(local, "high_lr_batch16")  # 4x the episodes, same groups of 4
     assert (batch.train.lr, batch.rollout.batch_tasks, batch.rollout.n) == (1e-4, 16, 4)
     assert batch.train.ppo_mini_batches == 1 and batch.train.iterations == local.train.iterations
+    for lever, mode in (("long12", "rehearsal"), ("real_long12", "real")):  # 4x the budget
+        long = bench.mode_config(local, lever)
+        assert (long.rollout.mode, long.train.iterations, long.train.eval_every) == (mode, 12, 3)
+        assert (long.train.lr, long.rollout.batch_tasks) == (local.train.lr, 4)
     for lever, lr in (("lora_r16", 5e-4), ("lora_r16_lr1e-3", 1e-3)):  # the warm start: top 12
         lora = bench.mode_config(local, lever)
         assert (lora.train.trainable, lora.train.top_layers, lora.train.lr) == ("lora", None, lr)
@@ -320,13 +324,14 @@ def test_validation_tasks_are_held_out_of_training_and_score_every_cell(
         trained.append({t.id for t in splits.train})
         return real_warm_start(cfg, model, tok, splits)
 
-    def rl_stage(ctx: Any, logger: Any) -> Any:
+    def rl_stage(ctx: Any, logger: Any, eval_hook: Any = None) -> Any:
         trained.append({t.id for t in ctx.splits.train})
-        return real_rl_stage(ctx, logger)
+        return real_rl_stage(ctx, logger, eval_hook)
 
     monkeypatch.setattr(run, "warm_start", warm_start)
     monkeypatch.setattr(run, "rl_stage", rl_stage)
     more = ["--set", "tasks.n_train=10"]  # some of MICRO's short gold conversations replay
+    more += ["--set", "train.eval_every=1"]  # RL cells: a validation point every iteration
     args = [*_args(tmp_path, "--seeds", "0", "--modes", "warm_start", "rehearsal"), *more]
     args.append("--no-test-time")
     assert bench.main([*args, "--validation", "2"]) == 0
@@ -339,6 +344,10 @@ def test_validation_tasks_are_held_out_of_training_and_score_every_cell(
         val = data["cells"][f"mode/{mode}/seed0"]["validation"]
         assert set(val) == {"success", "per_turn_score", "valid_call_rate"}
         assert 0.0 <= val["success"] <= 1.0
+    # the one RL iteration's point is the final policy's own score (greedy, same weights)
+    rl_cell = data["cells"]["mode/rehearsal/seed0"]
+    assert rl_cell["validation_curve"] == [{"iteration": 1, **rl_cell["validation"]}]
+    assert "validation_curve" not in data["cells"]["mode/warm_start/seed0"]
     assert "validation success" in (tmp_path / "benchmarks.md").read_text()
     with pytest.raises(SystemExit, match="with 2 validation task"):
         bench.main(args)  # same results file, no validation
