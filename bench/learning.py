@@ -31,7 +31,9 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
                    on the warm start's weights, lr 5e-4 (lora_r16_lr1e-3: lr 1e-3),
   long12           12 RL iterations instead of 3 (4x the episodes, 4x the steps), the
                    validation score every 3 (`validation_curve`); real_long12: the same in
-                   the real worlds (rollout.mode real: the upper bound's curve),
+                   the real worlds (rollout.mode real: the upper bound's curve), and that
+                   with lr 2e-5 (real_long12_lr2e-5) or a token-mean loss
+                   (real_long12_token_mean),
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -83,6 +85,10 @@ from envace.tasks.io import atomic_write_text
 # the warm start's stats beside its checkpoint (timings: not part of its identity)
 WARM_START_STATS = "warm_start.json"
 MODES = ("warm_start", "rehearsal", "noshare", "external", "real")
+# the budget itself: 4x the iterations (12 of 16 episodes, new episodes each), scored on the
+# validation tasks every 3 (long12); the same in the real worlds (real_long12, the upper bound's
+# curve): does RL move the policy with more data, and does rehearsal follow where real RL goes?
+_LONG12 = ("train.iterations=12", "train.eval_every=3", "train.save_every=12")
 # lever cells of issue 16's item 5: the method (rehearsal, shared weights) with these overrides
 LEVERS: dict[str, tuple[str, ...]] = {
     "fidelity_reward": ("algo.simulator_reward=fidelity",),
@@ -109,16 +115,13 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # the 10x that "LoRA without regret" (Schulman et al. 2025) found LoRA's RL optimum to be
     "lora_r16": ("train.trainable=lora", "train.top_layers=null", "train.lr=5e-4"),
     "lora_r16_lr1e-3": ("train.trainable=lora", "train.top_layers=null", "train.lr=1e-3"),
-    # the budget itself: 4x the iterations (12 of 16 episodes, new episodes each), scored on
-    # the validation tasks every 3; and the same in the real worlds (the upper bound's curve):
-    # does RL move the policy with more data, and does rehearsal follow where real RL goes?
-    "long12": ("train.iterations=12", "train.eval_every=3", "train.save_every=12"),
-    "real_long12": (
-        "rollout.mode=real",
-        "train.iterations=12",
-        "train.eval_every=3",
-        "train.save_every=12",
-    ),
+    "long12": _LONG12,
+    "real_long12": ("rollout.mode=real", *_LONG12),
+    # why real_long12 loses (its calls per episode fell 2.7 -> 0.9, answers shrank to "Done."):
+    # the step size (lr 2e-5, the default before 2026-12-05), or the per-row loss mean that
+    # gives a 3-token answer the push of a 40-token call (token-mean: each token alike)
+    "real_long12_lr2e-5": ("rollout.mode=real", *_LONG12, "train.lr=2e-5"),
+    "real_long12_token_mean": ("rollout.mode=real", *_LONG12, "algo.loss_agg_mode=token-mean"),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4
