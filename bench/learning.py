@@ -31,9 +31,7 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
                    on the warm start's weights, lr 5e-4 (lora_r16_lr1e-3: lr 1e-3),
   long12           12 RL iterations instead of 3 (4x the episodes, 4x the steps), the
                    validation score every 3 (`validation_curve`); real_long12: the same in
-                   the real worlds (rollout.mode real: the upper bound's curve), and that
-                   with lr 2e-5 (real_long12_lr2e-5) or a token-mean loss
-                   (real_long12_token_mean),
+                   the real worlds (rollout.mode real: the upper bound's curve),
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -117,11 +115,6 @@ LEVERS: dict[str, tuple[str, ...]] = {
     "lora_r16_lr1e-3": ("train.trainable=lora", "train.top_layers=null", "train.lr=1e-3"),
     "long12": _LONG12,
     "real_long12": ("rollout.mode=real", *_LONG12),
-    # why real_long12 loses (its calls per episode fell 2.7 -> 0.9, answers shrank to "Done."):
-    # the step size (lr 2e-5, the default before 2026-12-05), or the per-row loss mean that
-    # gives a 3-token answer the push of a 40-token call (token-mean: each token alike)
-    "real_long12_lr2e-5": ("rollout.mode=real", *_LONG12, "train.lr=2e-5"),
-    "real_long12_token_mean": ("rollout.mode=real", *_LONG12, "algo.loss_agg_mode=token-mean"),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4

@@ -170,9 +170,6 @@ def test_mode_settings() -> None:
         long = bench.mode_config(local, lever)
         assert (long.rollout.mode, long.train.iterations, long.train.eval_every) == (mode, 12, 3)
         assert (long.train.lr, long.rollout.batch_tasks) == (local.train.lr, 4)
-    assert bench.mode_config(local, "real_long12_lr2e-5").train.lr == 2e-5
-    token_mean = bench.mode_config(local, "real_long12_token_mean")
-    assert (token_mean.algo.loss_agg_mode, token_mean.train.iterations) == ("token-mean", 12)
     for lever, lr in (("lora_r16", 5e-4), ("lora_r16_lr1e-3", 1e-3)):  # the warm start: top 12
         lora = bench.mode_config(local, lever)
         assert (lora.train.trainable, lora.train.top_layers, lora.train.lr) == ("lora", None, lr)
