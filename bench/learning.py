@@ -28,7 +28,7 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
   high_lr_batch16  high_lr with 16 tasks x 4 rollouts an iteration (`rollout.batch_tasks: 16`):
                    4x the episodes behind each of the same 3 steps,
   lora_r16         RL through LoRA adapters (`train.trainable: lora`, r 16, every projection)
-                   on the warm start's weights, lr 5e-4 (lora_r16_lr1e-3: lr 1e-3),
+                   on the warm start's weights, lr 5e-4,
   long12           12 RL iterations instead of 3 (4x the episodes, 4x the steps), the
                    validation score every 3 (`validation_curve`); real_long12: the same in
                    the real worlds (rollout.mode real: the upper bound's curve),
@@ -109,10 +109,9 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # RL through LoRA adapters (r 16 on every projection of all 30 layers: 4.9 M trained
     # values, not the top 12 layers' 42.5 M) on the same warm start: noise spread over fewer
     # directions. LoRA's step is ~5x smaller than a full weight's at the same lr (B is ±lr
-    # after a sign step, times a random A), so its lr is 5x the method's; lora_r16_lr1e-3 is
-    # the 10x that "LoRA without regret" (Schulman et al. 2025) found LoRA's RL optimum to be
+    # after a sign step, times a random A), so its lr is 5x the method's ("LoRA without regret",
+    # Schulman et al. 2025, found LoRA's RL optimum near 10x full fine-tuning's)
     "lora_r16": ("train.trainable=lora", "train.top_layers=null", "train.lr=5e-4"),
-    "lora_r16_lr1e-3": ("train.trainable=lora", "train.top_layers=null", "train.lr=1e-3"),
     "long12": _LONG12,
     "real_long12": ("rollout.mode=real", *_LONG12),
 }

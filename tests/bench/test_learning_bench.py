@@ -170,10 +170,9 @@ def test_mode_settings() -> None:
         long = bench.mode_config(local, lever)
         assert (long.rollout.mode, long.train.iterations, long.train.eval_every) == (mode, 12, 3)
         assert (long.train.lr, long.rollout.batch_tasks) == (local.train.lr, 4)
-    for lever, lr in (("lora_r16", 5e-4), ("lora_r16_lr1e-3", 1e-3)):  # the warm start: top 12
-        lora = bench.mode_config(local, lever)
-        assert (lora.train.trainable, lora.train.top_layers, lora.train.lr) == ("lora", None, lr)
-        assert lora.train.lora == {} and lora.warm_start == local.warm_start
+    lora = bench.mode_config(local, "lora_r16")  # RL only: the warm start keeps the top 12
+    assert (lora.train.trainable, lora.train.top_layers, lora.train.lr) == ("lora", None, 5e-4)
+    assert lora.train.lora == {} and lora.warm_start == local.warm_start
     with pytest.raises(ConfigError, match="ppo_mini_batches"):  # MICRO: 2 tasks an iteration
         bench.mode_config(base, "high_lr_mini4")
     assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"
