@@ -54,6 +54,8 @@ model), each with its own `--results` file, joined afterwards with `--merge A.js
 
 `--report` (also done after every run) writes the table (mean ± std over seeds) and the PNG
 into docs/benchmarks.md from the results file alone.
+`--curves PNG` plots the validation curves of the cells that scored their policy during RL
+(`train.eval_every` with `--validation`, e.g. the long12 levers), from the results file alone.
 """
 
 from __future__ import annotations
@@ -564,6 +566,41 @@ def plot(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_curves(data: dict[str, Any], path: Path) -> None:
+    """Validation success over RL iterations of every cell with a `validation_curve`
+    (`train.eval_every` with `--validation`): one line per mode and seed, starting at the
+    seed's warm start (iteration 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = data["cells"]
+    curves = sorted(k for k, c in cells.items() if c.get("validation_curve"))
+    if not curves:
+        raise SystemExit("no cell of the results file has a validation curve to plot")
+    modes = sorted({k.split("/")[1] for k in curves})
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+    for key in curves:
+        _, mode, seed = key.split("/")
+        warm = cells.get(f"mode/warm_start/{seed}", {}).get("validation", {})
+        points = [(0, warm["success"])] if "success" in warm else []
+        points += [(p["iteration"], p["success"]) for p in cells[key]["validation_curve"]]
+        xs, ys = zip(*points, strict=True)
+        color = f"C{modes.index(mode)}"
+        style = ("-", "--", ":", "-.")[int(seed.removeprefix("seed")) % 4]  # seeds apart
+        ax.plot(xs, ys, marker="o", ls=style, color=color, label=f"{mode} {seed}", alpha=0.85)
+    ax.set_xlabel("RL iteration (0: the warm start)")
+    ax.set_ylabel("validation success")
+    ax.set_ylim(-0.02, 1)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{data.get('model', '')}: validation success during RL")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
 GENERATED_END = "<!-- end of bench/learning.py's table; text below is kept on rewrites -->"
 
 
@@ -654,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--report", action="store_true", help="only rewrite the table and the plot")
     p.add_argument(
+        "--curves",
+        type=Path,
+        metavar="PNG",
+        help="only plot the validation curves of the cells in --results (train.eval_every)",
+    )
+    p.add_argument(
         "--merge",
         type=Path,
         nargs="+",
@@ -663,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     base = load_config(args.config, args.overrides)
     command = "python bench/learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.curves:
+        plot_curves(load_results(args.results), args.curves)
+        return 0
     if args.merge:
         data = merge_results(args.merge, args.seeds)
         save(args.results, data)

@@ -347,6 +347,15 @@ def test_validation_tasks_are_held_out_of_training_and_score_every_cell(
     rl_cell = data["cells"]["mode/rehearsal/seed0"]
     assert rl_cell["validation_curve"] == [{"iteration": 1, **rl_cell["validation"]}]
     assert "validation_curve" not in data["cells"]["mode/warm_start/seed0"]
+    png = tmp_path / "curves.png"
+    assert bench.main([*args, "--curves", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    none = tmp_path / "none.json"
+    none.write_text(
+        json.dumps({"cells": {"mode/warm_start/seed0": data["cells"]["mode/warm_start/seed0"]}})
+    )
+    with pytest.raises(SystemExit, match="no cell of the results file has a validation curve"):
+        bench.main(["--results", str(none), "--curves", str(tmp_path / "none.png")])
     assert "validation success" in (tmp_path / "benchmarks.md").read_text()
     with pytest.raises(SystemExit, match="with 2 validation task"):
         bench.main(args)  # same results file, no validation
