@@ -31,7 +31,8 @@ and the levers of issue 16's item 5 (`LEVERS`: the method with one setting chang
                    on the warm start's weights, lr 5e-4,
   long12           12 RL iterations instead of 3 (4x the episodes, 4x the steps), the
                    validation score every 3 (`validation_curve`); real_long12: the same in
-                   the real worlds (rollout.mode real: the upper bound's curve),
+                   the real worlds (rollout.mode real: the upper bound's curve), and that
+                   with a token-mean loss (real_long12_token_mean),
 and test-time private rehearsal (`parallel:4`) on the warm_start and rehearsal policies. Every
 cell is evaluated by committed execution on the held-out tasks in the real worlds (success,
 per-turn score, valid-call rate, rehearsal fidelity exact and field where the policy
@@ -116,6 +117,9 @@ LEVERS: dict[str, tuple[str, ...]] = {
     "lora_r16": ("train.trainable=lora", "train.top_layers=null", "train.lr=5e-4"),
     "long12": _LONG12,
     "real_long12": ("rollout.mode=real", *_LONG12),
+    # why real_long12 collapses into "Done." answers: the per-row loss mean gives a 3-token
+    # answer the push of a 40-token call; token-mean weighs every token alike
+    "real_long12_token_mean": ("rollout.mode=real", *_LONG12, "algo.loss_agg_mode=token-mean"),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4

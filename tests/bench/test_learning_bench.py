@@ -170,6 +170,8 @@ def test_mode_settings() -> None:
         long = bench.mode_config(local, lever)
         assert (long.rollout.mode, long.train.iterations, long.train.eval_every) == (mode, 12, 3)
         assert (long.train.lr, long.rollout.batch_tasks) == (local.train.lr, 4)
+    token_mean = bench.mode_config(local, "real_long12_token_mean")
+    assert (token_mean.algo.loss_agg_mode, token_mean.rollout.mode) == ("token-mean", "real")
     lora = bench.mode_config(local, "lora_r16")  # RL only: the warm start keeps the top 12
     assert (lora.train.trainable, lora.train.top_layers, lora.train.lr) == ("lora", None, 5e-4)
     assert lora.train.lora == {} and lora.warm_start == local.warm_start
