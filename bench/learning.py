@@ -261,13 +261,14 @@ class Study:
         cfg.train.save_rollouts = True  # the cell's training episodes, kept for a diagnosis
         folder = self.out / mode
         logger = MetricsLogger(folder, tensorboard=False)
-        every, scoring = cfg.train.eval_every, [0.0]
+        every, scoring_s = cfg.train.eval_every, 0.0
 
         def score(policy: Any) -> float:
+            nonlocal scoring_s
             t = time.perf_counter()
             point = {"iteration": every * (len(self.curve) + 1), **self.validate(policy)}
             self.curve.append(point)
-            scoring[0] += time.perf_counter() - t
+            scoring_s += time.perf_counter() - t
             return float(point["success"])
 
         t0 = time.perf_counter()
@@ -276,7 +277,7 @@ class Study:
             m, _, _ = rl_stage(ctx, logger, score if self.validation and every else None)
         finally:
             logger.close()
-        return m, time.perf_counter() - t0 - scoring[0]
+        return m, time.perf_counter() - t0 - scoring_s
 
     def validate(self, model: Any) -> dict[str, Any]:
         """The model's greedy score on the validation tasks (no fidelity probes: cheaper)."""
@@ -587,12 +588,13 @@ def plot_curves(data: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     for key in curves:
         _, mode, seed = key.split("/")
-        warm = cells.get(f"mode/warm_start/{seed}", {}).get("validation", {})
+        n = int(seed.removeprefix("seed"))
+        warm = cells.get(cell_key("mode", "warm_start", n), {}).get("validation", {})
         points = [(0, warm["success"])] if "success" in warm else []
         points += [(p["iteration"], p["success"]) for p in cells[key]["validation_curve"]]
         xs, ys = zip(*points, strict=True)
         color = f"C{modes.index(mode)}"
-        style = ("-", "--", ":", "-.")[int(seed.removeprefix("seed")) % 4]  # seeds apart
+        style = ("-", "--", ":", "-.")[n % 4]  # seeds apart
         ax.plot(xs, ys, marker="o", ls=style, color=color, label=f"{mode} {seed}", alpha=0.85)
     ax.set_xlabel("RL iteration (0: the warm start)")
     ax.set_ylabel("validation success")
