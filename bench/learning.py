@@ -51,7 +51,10 @@ by that score, and the held-out split only reports the chosen one.
 
 Cells can also run side by side in several processes (one GPU holds many copies of a small
 model), each with its own `--results` file, joined afterwards with `--merge A.json B.json ...`
-(bench/device_study.sh does this on a lent GPU).
+(bench/device_study.sh does this on a lent GPU). A later sitting in a fresh run folder (the
+kept policies gone) can re-run a seed's cells as a check and add its test-time cells into a copy
+of the file; `--merge` keeps a cell two files hold when only its timings differ (the same warm
+start reproduced it) and refuses it otherwise.
 
 `--report` (also done after every run) writes the table (mean ± std over seeds) and the PNG
 into docs/benchmarks.md from the results file alone.
@@ -355,25 +358,47 @@ def summarize(data: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     return data
 
 
+# a cell's wall-clock figures: two sittings that reproduce a cell differ only in these
+TIMING_KEYS = ("seconds", "rl_seconds", "eval_seconds")
+
+
+def same_cell(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two records are one cell's result: equal but for their timings (a sitting that
+    re-ran the cell from the same warm start, e.g. as a check before its test-time cells)."""
+
+    def drop(rec: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in rec.items() if k not in TIMING_KEYS}
+
+    return drop(a) == drop(b)
+
+
 def merge_results(paths: list[Path], seeds: list[int]) -> dict[str, Any]:
     """One results file from several (processes that ran disjoint cells side by side, e.g. on
-    one GPU): their cells and warm starts together; they must share the model, config and
-    dtype, and a cell two files both hold must be the same record."""
+    one GPU, or a later sitting that re-ran some cells and added others): their cells and warm
+    starts together, the first file's record where two hold one (with its timings). They must
+    share the model, config, dtype and validation split, and a cell two files both hold must be
+    the same result (`same_cell`)."""
     merged: dict[str, Any] = {"cells": {}}
     for path in paths:
         data = load_results(path)
-        for key in ("model", "config", "dtype"):
+        data.setdefault("validation_tasks", 0)  # the validation split's size (0: none)
+        for key in ("model", "config", "dtype", "validation_tasks"):
             if key in merged and key in data and merged[key] != data[key]:
                 diff = first_difference(merged[key], data[key], None) if key == "config" else ""
                 raise SystemExit(f"{path}: its {key} differs from the files before it ({diff})")
             if key in data:
                 merged.setdefault(key, data[key])
         for key, rec in data["cells"].items():
-            if merged["cells"].setdefault(key, rec) != rec:
-                raise SystemExit(f"{path}: cell {key} differs from the one another file holds")
+            if not same_cell(merged["cells"].setdefault(key, rec), rec):
+                raise SystemExit(
+                    f"{path}: cell {key} differs from the one another file holds (beyond its"
+                    f" timings {', '.join(TIMING_KEYS)}): two results of one cell cannot both be"
+                    " kept; merge files of one warm start and budget, or drop one of the cells"
+                )
         for seed, stats in data.get("warm_start", {}).items():
             merged.setdefault("warm_start", {}).setdefault(seed, stats)
-        merged.setdefault("warm_starts", {}).update(data.get("warm_starts", {}))
+        for wid, stats in data.get("warm_starts", {}).items():
+            merged.setdefault("warm_starts", {}).setdefault(wid, stats)
     return summarize(merged, seeds)
 
 

@@ -273,13 +273,19 @@ def test_merge_joins_cells_run_side_by_side_and_refuses_conflicts(tmp_path: Path
     bench = _bench()
     head = {"model": "smollm2-135m", "config": {"seed": 0}, "dtype": "bfloat16"}
 
-    def rec(success: float) -> dict[str, Any]:
-        return {"success": success, "fidelity_field": 0.2, "warm_start_id": "w0"}
+    def rec(success: float, seconds: float = 60.0) -> dict[str, Any]:
+        return {
+            "success": success,
+            "fidelity_field": 0.2,
+            "warm_start_id": "w0",
+            "seconds": seconds,
+        }
 
     files = {
         "ws": {"mode/warm_start/seed0": rec(0.25), "mode/warm_start/seed1": rec(0.5)},
         "real": {"mode/real/seed0": rec(0.3125)},
-        "tt": {"mode/warm_start/seed0": rec(0.25), "test_time/warm_start/seed0": rec(0.125)},
+        # a later sitting that re-ran a cell as a check (its timing differs) and added one
+        "tt": {"mode/warm_start/seed0": rec(0.25, 71.5), "test_time/warm_start/seed0": rec(0.125)},
     }
     paths = []
     for name, cells in files.items():
@@ -296,6 +302,7 @@ def test_merge_joins_cells_run_side_by_side_and_refuses_conflicts(tmp_path: Path
     assert data["modes"]["warm_start"]["success"] == [0.25, 0.5]
     assert data["modes"]["real"]["success"] == [0.3125, None]
     assert data["test_time"]["warm_start"] == {"plain": [0.25, 0.5], "parallel4": [0.125, None]}
+    assert data["cells"]["mode/warm_start/seed0"]["seconds"] == 60.0  # the first file's record
     assert "| real | 0.312 (1 seed)" in (tmp_path / "b.md").read_text()
 
     bad = tmp_path / "bad.json"
@@ -306,6 +313,11 @@ def test_merge_joins_cells_run_side_by_side_and_refuses_conflicts(tmp_path: Path
     clash.write_text(json.dumps({**head, "cells": {"mode/real/seed0": rec(0.5)}}))
     with pytest.raises(SystemExit, match=r"clash\.json: cell mode/real/seed0 differs"):
         bench.merge_results([paths[1], clash], [0])
+    # cells scored with a validation split trained on fewer tasks: not one study
+    val = tmp_path / "val.json"
+    val.write_text(json.dumps({**head, "validation_tasks": 16, "cells": {}}))
+    with pytest.raises(SystemExit, match=r"val\.json: its validation_tasks differs"):
+        bench.merge_results([paths[0], val], [0])
 
 
 @pytest.mark.slow
