@@ -56,6 +56,11 @@ kept policies gone) can re-run a seed's cells as a check and add its test-time c
 of the file; `--merge` keeps a cell two files hold when only its timings differ (the same warm
 start reproduced it) and refuses it otherwise.
 
+Each cell keeps its committed held-out episodes in `OUT/seed{s}/episodes/{kind}-{name}/`
+(`trajectories.jsonl`; a test-time cell also `notes.json`, the rehearsal notes each task's turns
+acted on, and records `notes_markup`: the share of notes written as tool calls or tool results
+rather than notes), and each RL cell its training episodes (`train.save_rollouts`).
+
 `--report` (also done after every run) writes the table (mean ± std over seeds) and the PNG
 into docs/benchmarks.md from the results file alone.
 `--curves PNG` plots the validation curves of the cells that scored their policy during RL
@@ -180,6 +185,7 @@ class Study:
         self.val: list[Any] = []
         self.curve: list[dict[str, Any]] = []  # the last policy_model's validation points
         self._warm: tuple[Any, Any, Any] | None = None
+        self.last_eval: tuple[Any, Any] = (None, None)  # (EvalResult, RehearsalOutcome | None)
 
     def warm(self) -> tuple[Any, Any, Any]:
         """(model, tokenizer, splits) after the warm start; the checkpoint is reused."""
@@ -302,10 +308,11 @@ class Study:
         cfg = self.cfg
         tasks = list(splits.test[: cfg.eval.max_tasks] if cfg.eval.max_tasks else splits.test)
         t0 = time.perf_counter()
+        outcome = None
         if rehearsal is None:
             result = evaluate_model(model, tok, cfg, tasks, "study")
         else:
-            _, result = rehearse_synthetic(
+            outcome, result = rehearse_synthetic(
                 model_policy(model, tok, cfg, trainable=False),
                 tasks,
                 RolloutConfig.from_config(cfg, eval_mode=True),
@@ -315,7 +322,32 @@ class Study:
                 seed=self.seed,
                 progress=True,
             )
+        self.last_eval = (result, outcome)
         return result.metrics, time.perf_counter() - t0
+
+    def keep_episodes(self, kind: str, name: str) -> dict[str, Any]:
+        """The last evaluation's committed episodes, and with private rehearsal the notes each
+        task's turns were given, kept beside the run (`episodes/{kind}-{name}/`) for a
+        diagnosis; returns the notes' figures for the cell (none without rehearsal)."""
+        from envace.evaluate.report import write_trajectories
+
+        result, outcome = self.last_eval
+        folder = self.out / "episodes" / f"{kind}-{name}"
+        write_trajectories(result.trajectories, folder / "trajectories.jsonl")
+        if outcome is None:
+            return {}
+        notes = {tid: [w.text for w in rec.writes] for tid, rec in outcome.tasks.items()}
+        atomic_write_text(folder / "notes.json", json.dumps(notes, indent=1) + "\n")
+        return {"notes_markup": notes_markup([n for ns in notes.values() for n in ns])}
+
+
+def notes_markup(notes: list[str]) -> float | None:
+    """The share of rehearsal notes that are role output — a tool call or an imagined tool
+    result in the policy's own markup (envace.policy.parsing) — instead of the prose notes the
+    memory prompt asks for; None without notes."""
+    if not notes:
+        return None
+    return sum("<tool_call>" in n or "<execution_result>" in n for n in notes) / len(notes)
 
 
 def warm_start_id(ckpt: Path) -> str:
@@ -445,6 +477,7 @@ def run_cells(
             # bf16 kernels differ across CPU models: one seed's warm start too (its id says)
             "cpu": cpu_model(),
         }
+        rec |= study.keep_episodes(kind, name)
         if kind == "mode" and validation:
             rec["validation"] = study.validate(model)
             if study.curve:  # the validation score every train.eval_every RL iterations

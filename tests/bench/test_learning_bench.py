@@ -69,6 +69,21 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
         assert 0.0 <= p4 <= 1.0
     cell = data["cells"]["mode/rehearsal/seed0"]
     assert cell["rl_seconds"] > 0 and cell["seconds"] >= cell["rl_seconds"]
+    # every cell keeps its committed episodes; a test-time cell also the notes it acted on
+    kept = tmp_path / "o" / "seed0" / "episodes"
+    for key in ("mode/warm_start", "mode/rehearsal", "test_time/warm_start", "test_time/rehearsal"):
+        lines = (kept / key.replace("/", "-") / "trajectories.jsonl").read_text().splitlines()
+        episodes = [json.loads(line) for line in lines]
+        rec = data["cells"][f"{key}/seed0"]
+        assert len(episodes) == rec["metrics"]["n_episodes"] == 2  # eval.max_tasks 2, n 1
+        solved = sum(bool(e["success"]) for e in episodes) / len(episodes)
+        assert solved == pytest.approx(rec["success"])
+    notes = json.loads((kept / "test_time-rehearsal" / "notes.json").read_text())
+    assert set(notes) == {e["task_id"] for e in episodes}
+    written = [n for ns in notes.values() for n in ns]
+    assert len(written) >= 3  # one condensation per task and turn at least
+    assert data["cells"]["test_time/rehearsal/seed0"]["notes_markup"] == bench.notes_markup(written)
+    assert "notes_markup" not in cell and not (kept / "mode-rehearsal" / "notes.json").exists()
     assert {"per_turn_score", "valid_call_rate", "fidelity_exact", "fidelity_field"} <= set(cell)
     manifest = json.loads(
         (tmp_path / "o" / "seed0" / "checkpoints" / "warm_start" / "MANIFEST.json").read_text()
@@ -129,6 +144,15 @@ def test_the_study_runs_every_mode_and_a_rerun_skips_finished_cells(
     assert (
         f"- seed 0, 2 warm starts — {new_id}: mode/noshare; {wid}: mode/real, mode/rehearsal" in doc
     )
+
+
+def test_notes_markup_counts_notes_written_as_tool_calls_or_tool_results() -> None:
+    bench = _bench()
+    call = '<tool_call>\n{"name": "find_item", "arguments": {"name": "clock"}}\n</tool_call>'
+    result = '<execution_result>\n{"order_id": "ORD-1"}\n</execution_result>'
+    prose = "Plan: find_item for the clock, then create_order with its sku."
+    assert bench.notes_markup([call, result, prose, prose]) == 0.5
+    assert bench.notes_markup([prose]) == 0.0 and bench.notes_markup([]) is None
 
 
 def test_a_results_file_of_another_config_is_refused(tmp_path: Path) -> None:
