@@ -185,7 +185,6 @@ class Study:
         self.val: list[Any] = []
         self.curve: list[dict[str, Any]] = []  # the last policy_model's validation points
         self._warm: tuple[Any, Any, Any] | None = None
-        self.last_eval: tuple[Any, Any] = (None, None)  # (EvalResult, RehearsalOutcome | None)
 
     def warm(self) -> tuple[Any, Any, Any]:
         """(model, tokenizer, splits) after the warm start; the checkpoint is reused."""
@@ -298,7 +297,9 @@ class Study:
         m = evaluate_model(model, tok, cfg, self.val, "validation").metrics.to_dict()
         return {k: m[v] for k, v in VALIDATION_KEYS.items()}
 
-    def evaluate(self, model: Any, rehearsal: str | None = None) -> tuple[Any, float]:
+    def evaluate(self, model: Any, rehearsal: str | None = None) -> tuple[Any, Any, float]:
+        """(EvalResult, RehearsalOutcome or None without `rehearsal`, seconds) on the held-out
+        tasks."""
         from envace.evaluate.benchmarks import rehearse_synthetic
         from envace.evaluate.rehearsal import parse_rehearsal
         from envace.rollout.engine import RolloutConfig
@@ -322,16 +323,14 @@ class Study:
                 seed=self.seed,
                 progress=True,
             )
-        self.last_eval = (result, outcome)
-        return result.metrics, time.perf_counter() - t0
+        return result, outcome, time.perf_counter() - t0
 
-    def keep_episodes(self, kind: str, name: str) -> dict[str, Any]:
-        """The last evaluation's committed episodes, and with private rehearsal the notes each
-        task's turns were given, kept beside the run (`episodes/{kind}-{name}/`) for a
+    def keep_episodes(self, kind: str, name: str, result: Any, outcome: Any) -> dict[str, Any]:
+        """An evaluation's committed episodes, and with private rehearsal (`outcome`) the notes
+        each task's turns were given, kept beside the run (`episodes/{kind}-{name}/`) for a
         diagnosis; returns the notes' figures for the cell (none without rehearsal)."""
         from envace.evaluate.report import write_trajectories
 
-        result, outcome = self.last_eval
         folder = self.out / "episodes" / f"{kind}-{name}"
         write_trajectories(result.trajectories, folder / "trajectories.jsonl")
         if outcome is None:
@@ -464,12 +463,12 @@ def run_cells(
         t0 = time.perf_counter()
         if kind == "mode":
             model, rl_s = study.policy_model(name)
-            metrics, eval_s = study.evaluate(model)
+            result, outcome, eval_s = study.evaluate(model)
         else:  # the mode's trained policy, kept by its cell, with private rehearsal first
             model = load_trained(study, name)
             rl_s = 0.0
-            metrics, eval_s = study.evaluate(model, REHEARSAL)
-        rec = metrics_record(metrics, time.perf_counter() - t0)
+            result, outcome, eval_s = study.evaluate(model, REHEARSAL)
+        rec = metrics_record(result.metrics, time.perf_counter() - t0)
         rec |= {
             "rl_seconds": round(rl_s, 1),
             "eval_seconds": round(eval_s, 1),
@@ -477,7 +476,7 @@ def run_cells(
             # bf16 kernels differ across CPU models: one seed's warm start too (its id says)
             "cpu": cpu_model(),
         }
-        rec |= study.keep_episodes(kind, name)
+        rec |= study.keep_episodes(kind, name, result, outcome)
         if kind == "mode" and validation:
             rec["validation"] = study.validate(model)
             if study.curve:  # the validation score every train.eval_every RL iterations
