@@ -9,13 +9,17 @@ what it was shown, which no caller could avoid. This measures how often that dec
 Input: the episodes an RL run saved (`train.save_rollouts: true` writes
 `rollouts/iter-*.jsonl`) and its tasks folder. Per episode, its issued calls are replayed in a
 fresh copy of the task's real world; each rehearsed result is aligned with the real one, leaf by
-leaf (same JSON path, both scalars, values differ: the real value "became" the imagined one).
+leaf (same JSON path, both scalars, values differ: the real value "became" the imagined one;
+values the user or the system prompt stated are left alone, the caller knew them anyway).
 Each turn is then graded twice by the rules (`envace.reward.rules.turn_score_rules`):
 - as trained (`rehearsed`: the recorded turn scores, re-derived here as a check), and
 - `consistent`: with the expected calls' argument values and the answer facts translated
   through that alignment, i.e. graded against the world the caller was shown.
 A turn that rises under translation was marked wrong for acting consistently with the
-rehearsal. GRPO's signal is the advantage within each task's group (reward minus the group
+rehearsal. A third grading (`consistent_ref`) aligns only what a grader could know during
+training without a world: the rehearsed results of calls the task's logged conversation made
+too, against their logged results (the simulator's grounding) — how much of the bias a grader
+within the method could undo. GRPO's signal is the advantage within each task's group (reward minus the group
 mean): the report says how often the two gradings give it the same sign, and how many groups
 have no signal under each.
 
@@ -36,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from envace.envs.registry import make_environment, read_only_tools
+from envace.policy.prompts import grounding_from_reference
 from envace.policy.types import ToolCall
 from envace.report import markdown_table
-from envace.reward.rules import turn_answers, turn_score_rules
+from envace.reward.fidelity import canonical_json
+from envace.reward.rules import fact_in_answer, turn_answers, turn_score_rules
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import ExpectedCall, Task, Turn
 
@@ -76,13 +82,17 @@ def _key(value: Any) -> tuple[str, str]:
     return ("str", str(value))
 
 
-def aligned_values(real: Any, rehearsed: Any) -> dict[tuple[str, str], Any]:
+def aligned_values(real: Any, rehearsed: Any, said: str = "") -> dict[tuple[str, str], Any]:
     """Real value -> the rehearsed value at the same JSON path, where both are strings or
-    numbers and differ (a flag, a null or a container is not a value a call carries on)."""
+    numbers and differ (a flag, a null or a container is not a value a call carries on). Values
+    `said` states (what the user and the system prompt told the caller) are left out: the caller
+    knew them without the rehearsal."""
     imagined = dict(_leaves(rehearsed))
     out: dict[tuple[str, str], Any] = {}
     for path, value in _leaves(real):
         if path not in imagined or isinstance(value, bool) or value is None:
+            continue
+        if fact_in_answer(str(value), said):
             continue
         other = imagined[path]
         if isinstance(other, bool) or other is None or isinstance(other, (dict, list)):
@@ -112,6 +122,19 @@ def translate_turn(turn: Turn, table: Mapping[tuple[str, str], Any]) -> Turn:
     return Turn(turn.user, turn.checklist, calls, turn.ordered, facts)
 
 
+def _logged_results(task: Task) -> dict[tuple[str, str], Any]:
+    """The real results the task's logged conversation holds, by (tool, canonical arguments):
+    what a grader may know during training without a world (the simulator's grounding)."""
+    out: dict[tuple[str, str], Any] = {}
+    for ex in grounding_from_reference(task.reference):
+        try:
+            result = json.loads(ex.result)
+        except json.JSONDecodeError:
+            result = ex.result
+        out.setdefault((ex.name, canonical_json(ex.arguments)), result)
+    return out
+
+
 def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
     """One saved episode's turn scores graded as recorded and against its rehearsal."""
     if task.environment is None:
@@ -121,10 +144,15 @@ def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
     read_only = read_only_tools(task.environment.name)
     answers = turn_answers(record["messages"])
     calls = record["calls"]
+    logged = _logged_results(task)
     table: dict[tuple[str, str], Any] = {}
+    table_ref: dict[tuple[str, str], Any] = {}
     rehearsed: list[float] = []
     consistent: list[float] = []
+    consistent_ref: list[float] = []
+    said = task.system or ""
     for t, recorded in enumerate(record["turn_scores"]):
+        said += "\n" + task.turns[t].user
         issued = []
         for c in calls:
             if c["turn"] != t:
@@ -133,8 +161,12 @@ def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
             issued.append(call)
             real = env.call(call.name, dict(call.arguments))
             if c["source"] == "rehearsal":
-                for k, v in aligned_values(real, c["result"]).items():
+                for k, v in aligned_values(real, c["result"], said).items():
                     table.setdefault(k, v)
+                key = (call.name, canonical_json(call.arguments))
+                if key in logged:
+                    for k, v in aligned_values(logged[key], c["result"], said).items():
+                        table_ref.setdefault(k, v)
         answer = answers[t] if t < len(answers) else ""
         turn = task.turns[t]
         mine = turn_score_rules(turn, issued, answer, read_only)
@@ -145,6 +177,9 @@ def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
             )
         rehearsed.append(mine)
         consistent.append(turn_score_rules(translate_turn(turn, table), issued, answer, read_only))
+        consistent_ref.append(
+            turn_score_rules(translate_turn(turn, table_ref), issued, answer, read_only)
+        )
     n = len(task.turns)
     return {
         "task_id": record["task_id"],
@@ -154,7 +189,9 @@ def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
         "turns_consistent": consistent,
         "rehearsed": sum(rehearsed) / n,
         "consistent": sum(consistent) / n,
+        "consistent_ref": sum(consistent_ref) / n,
         "aligned_values": len(table),
+        "aligned_values_ref": len(table_ref),
     }
 
 
@@ -196,6 +233,8 @@ def summarise(groups: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
         "reward_consistent": sum(e["consistent"] for e in eps) / n,
         "success_rehearsed": sum(e["rehearsed"] >= 1.0 - 1e-9 for e in eps) / n,
         "success_consistent": sum(e["consistent"] >= 1.0 - 1e-9 for e in eps) / n,
+        "reward_consistent_ref": sum(e["consistent_ref"] for e in eps) / n,
+        "success_consistent_ref": sum(e["consistent_ref"] >= 1.0 - 1e-9 for e in eps) / n,
         "failed_turns": len(failed),
         "failed_turns_raised": sum(b > a + 1e-9 for a, b in failed),
         "failed_turns_made_whole": sum(b >= 1.0 - 1e-9 for _, b in failed),
@@ -240,6 +279,8 @@ ROWS = (
     ("reward_consistent", "reward against the shown world"),
     ("success_rehearsed", "success as trained"),
     ("success_consistent", "success against the shown world"),
+    ("reward_consistent_ref", "reward against the shown world, logged results only"),
+    ("success_consistent_ref", "success against the shown world, logged results only"),
     ("failed_turns", "turns graded < 1"),
     ("failed_turns_raised", "... raised against the shown world"),
     ("failed_turns_made_whole", "... made whole"),

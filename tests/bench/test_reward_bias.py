@@ -51,6 +51,10 @@ def test_alignment_and_translation() -> None:
     moved = bench.translate_turn(turn, table)
     assert moved.expected_calls[0].arguments == {"src": "ACC-ba21", "amount": 5}
     assert moved.answer_facts == ("ACC-ba21", "7") and moved.user == "move 5"
+    # a value the user stated is the caller's own knowledge, not the rehearsal's
+    assert bench.aligned_values(real, imagined, said="I have 1 account") == {
+        ("str", "ACC-12ab"): "ACC-ba21"
+    }
 
 
 def _run_folder(tmp_path: Path, policy: OraclePolicy) -> Path:
@@ -83,6 +87,9 @@ def test_a_faithful_caller_in_a_renamed_world_is_graded_wrong_and_made_whole(
     assert s["failed_turns_made_whole"] == s["failed_turns"] == s["failed_turns_raised"]
     assert all(e["rehearsed"] < 1.0 for e in renamed)
     assert s["turns_lowered"] == 0
+    # the oracle's look-ups are the logged conversation's, so the logged results align as well
+    assert s["reward_consistent_ref"] == pytest.approx(1.0)
+    assert all(e["aligned_values_ref"] > 0 for e in renamed)
 
 
 def test_no_bias_where_the_rehearsal_is_the_real_world(tmp_path: Path) -> None:
@@ -94,6 +101,7 @@ def test_no_bias_where_the_rehearsal_is_the_real_world(tmp_path: Path) -> None:
     s = json.loads(out.read_text())["runs"][str(run)]
     assert s["reward_rehearsed"] == s["reward_consistent"] == pytest.approx(1.0)
     assert s["episodes_with_aligned_values"] == 0 and s["failed_turns"] == 0
+    assert s["reward_consistent_ref"] == pytest.approx(1.0)
     assert s["groups_without_signal_rehearsed"] == s["groups"]
 
 
