@@ -128,6 +128,10 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # why real_long12 collapses into "Done." answers: the per-row loss mean gives a 3-token
     # answer the push of a 40-token call; token-mean weighs every token alike
     "real_long12_token_mean": ("rollout.mode=real", *_LONG12, "algo.loss_agg_mode=token-mean"),
+    # rehearsed turns graded against the world the rehearsal showed the caller (expected ids
+    # and facts translated through the task's logged results), not against the real values a
+    # faithful caller could not have seen: bench/reward_bias.py measures that bias
+    "shown_world": ("algo.rehearsal_grading=shown_world",),
 }
 CELL_MODES = (*MODES, *LEVERS)
 TEST_TIME = ("warm_start", "rehearsal")  # policies also measured with parallel:4

@@ -9,17 +9,18 @@ what it was shown, which no caller could avoid. This measures how often that dec
 Input: the episodes an RL run saved (`train.save_rollouts: true` writes
 `rollouts/iter-*.jsonl`) and its tasks folder. Per episode, its issued calls are replayed in a
 fresh copy of the task's real world; each rehearsed result is aligned with the real one, leaf by
-leaf (same JSON path, both scalars, values differ: the real value "became" the imagined one;
-values the user or the system prompt stated are left alone, the caller knew them anyway).
+leaf (`envace.reward.shown_world.aligned_values`: same JSON path, both strings or numbers,
+values differ: the real value was shown as the imagined one; values the user or the system
+prompt stated are left alone, the caller knew them anyway).
 Each turn is then graded twice by the rules (`envace.reward.rules.turn_score_rules`):
 - as trained (`rehearsed`: the recorded turn scores, re-derived here as a check), and
 - `consistent`: with the expected calls' argument values and the answer facts translated
   through that alignment, i.e. graded against the world the caller was shown.
 A turn that rises under translation was marked wrong for acting consistently with the
-rehearsal. A third grading (`consistent_ref`) aligns only what a grader could know during
-training without a world: the rehearsed results of calls the task's logged conversation made
-too, against their logged results (the simulator's grounding) — how much of the bias a grader
-within the method could undo. GRPO's signal is the advantage within each task's group (reward minus the group
+rehearsal. A third grading (`consistent_ref`) is the one `algo.rehearsal_grading: shown_world` trains
+with: it aligns only what a grader can know during training without a world, the rehearsed
+results of calls the task's logged conversation made too, against their logged results (the
+simulator's grounding) — how much of the bias a grader within the method undoes. GRPO's signal is the advantage within each task's group (reward minus the group
 mean): the report says how often the two gradings give it the same sign, and how many groups
 have no signal under each.
 
@@ -35,118 +36,50 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from envace.envs.registry import make_environment, read_only_tools
-from envace.policy.prompts import grounding_from_reference
 from envace.policy.types import ToolCall
 from envace.report import markdown_table
-from envace.reward.fidelity import canonical_json
-from envace.reward.rules import fact_in_answer, turn_answers, turn_score_rules
+from envace.reward.rules import turn_answers, turn_score_rules
+from envace.reward.shown_world import (
+    ValueKey,
+    aligned_values,
+    shown_world_table,
+    translate_turn,
+)
 from envace.tasks.io import atomic_write_text
-from envace.tasks.model import ExpectedCall, Task, Turn
+from envace.tasks.model import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.learning import mean_std
 
-__all__ = [
-    "aligned_values",
-    "episode_scores",
-    "main",
-    "report",
-    "summarise",
-    "translate_turn",
-]
+__all__ = ["episode_scores", "main", "report", "summarise"]
 
 
-def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """(path, scalar) of every leaf of a JSON value."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _leaves(v, (*path, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _leaves(v, (*path, i))
-    else:
-        yield path, value
+def _turn_ends(messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Per user turn, the index in `messages` where it ends (the next user message)."""
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    return [*starts[1:], len(messages)]
 
 
-def _key(value: Any) -> tuple[str, str]:
-    """A hashable, type-aware key (1 and 1.0 are one number; True is not 1)."""
-    if isinstance(value, bool) or value is None:
-        return ("const", json.dumps(value))
-    if isinstance(value, (int, float)):
-        return ("num", repr(float(value)))
-    return ("str", str(value))
-
-
-def aligned_values(real: Any, rehearsed: Any, said: str = "") -> dict[tuple[str, str], Any]:
-    """Real value -> the rehearsed value at the same JSON path, where both are strings or
-    numbers and differ (a flag, a null or a container is not a value a call carries on). Values
-    `said` states (what the user and the system prompt told the caller) are left out: the caller
-    knew them without the rehearsal."""
-    imagined = dict(_leaves(rehearsed))
-    out: dict[tuple[str, str], Any] = {}
-    for path, value in _leaves(real):
-        if path not in imagined or isinstance(value, bool) or value is None:
-            continue
-        if fact_in_answer(str(value), said):
-            continue
-        other = imagined[path]
-        if isinstance(other, bool) or other is None or isinstance(other, (dict, list)):
-            continue
-        if _key(value) != _key(other):
-            out.setdefault(_key(value), other)
-    return out
-
-
-def _translate(value: Any, table: Mapping[tuple[str, str], Any]) -> Any:
-    if isinstance(value, dict):
-        return {k: _translate(v, table) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_translate(v, table) for v in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    return table.get(_key(value), value)
-
-
-def translate_turn(turn: Turn, table: Mapping[tuple[str, str], Any]) -> Turn:
-    """`turn` with its expected calls' argument values and answer facts as the rehearsal showed
-    them (real values the alignment maps; everything else as it was)."""
-    calls = tuple(
-        ExpectedCall(c.name, _translate(dict(c.arguments), table)) for c in turn.expected_calls
-    )
-    facts = tuple(str(table.get(_key(f), f)) for f in turn.answer_facts)
-    return Turn(turn.user, turn.checklist, calls, turn.ordered, facts)
-
-
-def _logged_results(task: Task) -> dict[tuple[str, str], Any]:
-    """The real results the task's logged conversation holds, by (tool, canonical arguments):
-    what a grader may know during training without a world (the simulator's grounding)."""
-    out: dict[tuple[str, str], Any] = {}
-    for ex in grounding_from_reference(task.reference):
-        try:
-            result = json.loads(ex.result)
-        except json.JSONDecodeError:
-            result = ex.result
-        out.setdefault((ex.name, canonical_json(ex.arguments)), result)
-    return out
-
-
-def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
-    """One saved episode's turn scores graded as recorded and against its rehearsal."""
+def episode_scores(task: Task, record: Mapping[str, Any], graded: str = "task") -> dict[str, Any]:
+    """One saved episode's turn scores: as recorded, against the world it was shown (aligned
+    with a real replay of its calls), and against what the logged results let a grader align
+    (`envace.reward.shown_world`, the `algo.rehearsal_grading: shown_world` grader). `graded`:
+    the run's `algo.rehearsal_grading`, whose scores the recorded ones must be."""
     if task.environment is None:
         raise ValueError(f"task {task.id} has no real world to replay its calls in")
     env = make_environment(task.environment.name)
     env.reset(task.environment.initial_state)
     read_only = read_only_tools(task.environment.name)
-    answers = turn_answers(record["messages"])
-    calls = record["calls"]
-    logged = _logged_results(task)
-    table: dict[tuple[str, str], Any] = {}
-    table_ref: dict[tuple[str, str], Any] = {}
+    messages = record["messages"]
+    answers = turn_answers(messages)
+    ends = _turn_ends(messages)
+    table: dict[ValueKey, Any] = {}
+    table_ref: dict[ValueKey, Any] = {}
     rehearsed: list[float] = []
     consistent: list[float] = []
     consistent_ref: list[float] = []
@@ -154,32 +87,29 @@ def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
     for t, recorded in enumerate(record["turn_scores"]):
         said += "\n" + task.turns[t].user
         issued = []
-        for c in calls:
+        for c in record["calls"]:
             if c["turn"] != t:
                 continue
             call = ToolCall(c["call"]["name"], c["call"]["arguments"])
             issued.append(call)
             real = env.call(call.name, dict(call.arguments))
-            if c["source"] == "rehearsal":
+            if c["source"] != "real":
                 for k, v in aligned_values(real, c["result"], said).items():
                     table.setdefault(k, v)
-                key = (call.name, canonical_json(call.arguments))
-                if key in logged:
-                    for k, v in aligned_values(logged[key], c["result"], said).items():
-                        table_ref.setdefault(k, v)
         answer = answers[t] if t < len(answers) else ""
         turn = task.turns[t]
+        table_ref = shown_world_table(task, messages[: ends[t]] if t < len(ends) else messages)
         mine = turn_score_rules(turn, issued, answer, read_only)
-        if recorded is not None and not math.isclose(mine, recorded, abs_tol=1e-9):
+        ref = turn_score_rules(translate_turn(turn, table_ref), issued, answer, read_only)
+        trained = ref if graded == "shown_world" else mine
+        if recorded is not None and not math.isclose(trained, recorded, abs_tol=1e-9):
             raise ValueError(
-                f"episode {record['traj_id']} turn {t}: the rules give {mine}, the run recorded "
-                f"{recorded}; the rollouts and tasks are not from the same run or grader"
+                f"episode {record['traj_id']} turn {t}: {graded} grading gives {trained}, the "
+                f"run recorded {recorded}; the rollouts and tasks are not from the same run"
             )
         rehearsed.append(mine)
         consistent.append(turn_score_rules(translate_turn(turn, table), issued, answer, read_only))
-        consistent_ref.append(
-            turn_score_rules(translate_turn(turn, table_ref), issued, answer, read_only)
-        )
+        consistent_ref.append(ref)
     n = len(task.turns)
     return {
         "task_id": record["task_id"],
@@ -187,6 +117,7 @@ def episode_scores(task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
         "ended": record["end_reason"],
         "turns_rehearsed": rehearsed,
         "turns_consistent": consistent,
+        "turns_consistent_ref": consistent_ref,
         "rehearsed": sum(rehearsed) / n,
         "consistent": sum(consistent) / n,
         "consistent_ref": sum(consistent_ref) / n,
@@ -247,8 +178,9 @@ def summarise(groups: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def load_run(run: Path) -> tuple[list[list[dict[str, Any]]], dict[str, Task]]:
-    """The saved rollouts of `run` as GRPO groups (per file, per task), and its train tasks."""
+def load_run(run: Path) -> tuple[list[list[dict[str, Any]]], dict[str, Task], str]:
+    """The saved rollouts of `run` as GRPO groups (per file, per task), its train tasks, and
+    the grading it trained with (`algo.rehearsal_grading` in its config.json; task without)."""
     from envace.run.layout import load_splits
 
     files = sorted((run / "rollouts").glob("*.jsonl"))
@@ -270,24 +202,26 @@ def load_run(run: Path) -> tuple[list[list[dict[str, Any]]], dict[str, Task]]:
         raise SystemExit(
             f"{len(missing)} rollout task(s) not in {run / 'tasks'}: {sorted(missing)[:3]}"
         )
-    return groups, tasks
+    config = run / "config.json"
+    algo = json.loads(config.read_text()).get("algo", {}) if config.exists() else {}
+    return groups, tasks, str(algo.get("rehearsal_grading", "task"))
 
 
 ROWS = (
     ("episodes", "episodes"),
-    ("reward_rehearsed", "reward as trained"),
-    ("reward_consistent", "reward against the shown world"),
-    ("success_rehearsed", "success as trained"),
-    ("success_consistent", "success against the shown world"),
-    ("reward_consistent_ref", "reward against the shown world, logged results only"),
-    ("success_consistent_ref", "success against the shown world, logged results only"),
-    ("failed_turns", "turns graded < 1"),
+    ("reward_rehearsed", "reward, task grading"),
+    ("reward_consistent", "reward, graded against the shown world"),
+    ("reward_consistent_ref", "reward, shown_world grading (logged results)"),
+    ("success_rehearsed", "success, task grading"),
+    ("success_consistent", "success, graded against the shown world"),
+    ("success_consistent_ref", "success, shown_world grading (logged results)"),
+    ("failed_turns", "turns task grading scores < 1"),
     ("failed_turns_raised", "... raised against the shown world"),
     ("failed_turns_made_whole", "... made whole"),
     ("turns_lowered", "turns lowered"),
-    ("groups_without_signal_rehearsed", "groups without signal, as trained"),
+    ("groups_without_signal_rehearsed", "groups without signal, task grading"),
     ("groups_without_signal_consistent", "groups without signal, against the shown world"),
-    ("advantage_sign_agreement", "advantage sign agreement"),
+    ("advantage_sign_agreement", "advantage sign agreement (task vs shown world)"),
 )
 
 
@@ -313,9 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     summaries: dict[str, dict[str, Any]] = {}
     episodes: dict[str, list[dict[str, Any]]] = {}
     for run in args.run:
-        groups, tasks = load_run(run)
-        scored = [[episode_scores(tasks[r["task_id"]], r) for r in g] for g in groups]
-        summaries[run.name] = summarise(scored)
+        groups, tasks, graded = load_run(run)
+        scored = [[episode_scores(tasks[r["task_id"]], r, graded) for r in g] for g in groups]
+        summaries[run.name] = {"trained_with": graded, **summarise(scored)}
         episodes[run.name] = [e for g in scored for e in g]
     print(report(summaries))
     if args.out is not None:

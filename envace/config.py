@@ -167,6 +167,12 @@ class AlgoConfig:
     # episode's reward (the caller is not punished for the simulator's slip); its simulator
     # rows keep their score. Rehearsal and external modes (real mode has no such ends)
     mask_sim_errors: bool = False
+    # how the rules grade a rehearsed turn: task (the expected values as the real world gave
+    # them: a caller that acts on an imagined id or balance it was shown is graded wrong), or
+    # shown_world (those values translated to the ones the rehearsal showed, where the episode
+    # made a call the task's logged conversation made: envace.reward.shown_world; no world
+    # needed). Rehearsal and external modes; evaluation always grades against the real world
+    rehearsal_grading: Literal["task", "shown_world"] = "task"
     # ECHO's auxiliary loss (Shrivastava et al. 2026, "Terminal Agents Learn World Models for
     # Free"): lambda x the cross-entropy of the observation tokens in a caller's packed
     # trajectory (the tool results and turn markers between its generations: what the real
@@ -680,6 +686,12 @@ def validate(cfg: Config) -> Config:
             f"algo.simulator_reward: {cfg.algo.simulator_reward!r} scores the simulator rows the "
             f"policy trains on, but rollout.mode {cfg.rollout.mode!r} trains none; use "
             "simulator_reward: task, or rollout.mode: rehearsal"
+        )
+    if cfg.rollout.mode == "real" and cfg.algo.rehearsal_grading != "task":
+        raise ConfigError(
+            f"algo.rehearsal_grading: {cfg.algo.rehearsal_grading!r} grades rehearsed turns "
+            "against the world the rehearsal showed, but rollout.mode 'real' shows the real "
+            "world; use rehearsal_grading: task, or rollout.mode: rehearsal or external"
         )
     if cfg.rollout.mode == "real" and cfg.algo.mask_sim_errors:
         raise ConfigError(

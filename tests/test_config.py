@@ -62,6 +62,14 @@ def test_overrides_parse_yaml_scalars() -> None:
             "use sharing: share, or rollout.mode: rehearsal",
         ),
         (["algo.train_roles=simulator", "rollout.mode=real"], "use rollout.mode: rehearsal"),
+        (
+            ["algo.rehearsal_grading=shown_world", "rollout.mode=real"],
+            "use rehearsal_grading: task, or rollout.mode: rehearsal or external",
+        ),
+        (
+            ["algo.rehearsal_grading=imagined"],
+            "algo.rehearsal_grading: 'imagined' is not one of 'task' | 'shown_world'",
+        ),
         (["rollout.top_p=0"], "rollout.top_p: 0.0 must be in (0, 1]"),
         (["warm_start.grounding_dropout=2"], "warm_start.grounding_dropout: 2.0"),
         (["warm_start.micro_batch_tokens=0"], "warm_start.micro_batch_tokens: 0 must be >= 1"),

@@ -3,16 +3,18 @@ judge where it has a checklist (rules take precedence when a turn has both)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from envace.envs.registry import read_only_tools
 from envace.reward.judge import ChecklistJudge, TurnToGrade, split_turn_steps
 from envace.reward.rules import turn_answers, turn_score_rules
-from envace.rollout.engine import TurnContext, TurnGrade
+from envace.reward.shown_world import shown_world_table, translate_turn
+from envace.rollout.engine import TurnContext, TurnGrade, TurnGrader
 from envace.tasks.model import ChecklistItem
 
-__all__ = ["ChecklistGrader", "JudgeGrader", "TaskGrader"]
+__all__ = ["ChecklistGrader", "JudgeGrader", "ShownWorldGrader", "TaskGrader"]
 
 
 class ChecklistGrader(Protocol):
@@ -71,3 +73,26 @@ class TaskGrader:
             for i, g in zip(judged, results, strict=True):
                 grades[i] = g
         return [g if g is not None else TurnGrade(None) for g in grades]
+
+
+class ShownWorldGrader:
+    """A `TurnGrader` for rehearsed episodes (`algo.rehearsal_grading: shown_world`): each
+    turn's expected values translated to the ones the rehearsal showed the caller
+    (`envace.reward.shown_world`), then graded by `base`. A turn with nothing to translate is
+    graded exactly as `base` grades it."""
+
+    def __init__(self, base: TurnGrader) -> None:
+        self.base = base
+
+    def grade(self, contexts: Sequence[TurnContext]) -> list[TurnGrade]:
+        return self.base.grade([self._shown(ctx) for ctx in contexts])
+
+    @staticmethod
+    def _shown(ctx: TurnContext) -> TurnContext:
+        table = shown_world_table(ctx.task, ctx.messages)
+        if not table:
+            return ctx
+        turns = list(ctx.task.turns)
+        turns[ctx.turn] = translate_turn(turns[ctx.turn], table)
+        task = dataclasses.replace(ctx.task, turns=tuple(turns))
+        return dataclasses.replace(ctx, task=task)

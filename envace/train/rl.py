@@ -54,6 +54,7 @@ from envace.algo.losses import LossConfig, policy_loss
 from envace.config import Config
 from envace.errors import ConfigError, require_finite
 from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
+from envace.rollout.grading import ShownWorldGrader
 from envace.rollout.policies import Policy
 from envace.rollout.sources import ToolResults
 from envace.rollout.types import EndReason, Role, Row, Trajectory
@@ -171,6 +172,8 @@ class RLTrainer:
         self.rollout_cfg = RolloutConfig.from_config(cfg)
         self.engine: RolloutEngine | None = None  # None: this trainer only updates
         self.last_trajectories: list[Trajectory] = []  # the last `collect`'s, every rank's
+        if cfg.algo.rehearsal_grading == "shown_world":  # the config refuses it in real mode
+            grader = ShownWorldGrader(grader)
         if sources is not None:
             self.engine = RolloutEngine(
                 policy, self.rollout_cfg, grader, sources.simulator, sources.make_env

@@ -13,57 +13,26 @@ from types import ModuleType
 import pytest
 
 from envace.evaluate.report import write_trajectories
-from envace.rollout.engine import RolloutConfig, RolloutEngine
-from envace.rollout.grading import TaskGrader
-from envace.rollout.policies import GenRequest, OraclePolicy
+from envace.rollout.engine import RolloutConfig, RolloutEngine, TurnGrader
+from envace.rollout.grading import ShownWorldGrader, TaskGrader
+from envace.rollout.policies import OraclePolicy
 from envace.run.layout import load_splits
 from envace.tasks.generate import write_splits
-from envace.tasks.model import ExpectedCall, Turn
 from tests.bench.bench_testlib import load_bench
-
-IDS = re.compile(r"\b(ACC|ORD)-([0-9a-f]{4})\b")
+from tests.reward.test_shown_world import RenamingOracle
 
 
 def _bench() -> ModuleType:
     return load_bench("reward_bias.py")
 
 
-class RenamingOracle(OraclePolicy):
-    """The oracle, with every account and order id it writes (in calls and in rehearsed
-    results alike) reversed: a consistent imagined world and a caller faithful to it."""
-
-    def _text(self, req: GenRequest) -> str:
-        return IDS.sub(lambda m: f"{m.group(1)}-{m.group(2)[::-1]}", super()._text(req))
-
-
-def test_alignment_and_translation() -> None:
-    bench = _bench()
-    real = {"accounts": [{"id": "ACC-12ab", "balance": 50, "open": True}], "n": 1}
-    imagined = {"accounts": [{"id": "ACC-ba21", "balance": 50.0, "open": False}], "n": 2}
-    table = bench.aligned_values(real, imagined)
-    # the id and the count differ; equal numbers (50 == 50.0) and flags are not values
-    assert table == {("str", "ACC-12ab"): "ACC-ba21", ("num", "1.0"): 2}
-    turn = Turn(
-        "move 5",
-        expected_calls=(ExpectedCall("transfer", {"src": "ACC-12ab", "amount": 5}),),
-        answer_facts=("ACC-12ab", "7"),
-    )
-    moved = bench.translate_turn(turn, table)
-    assert moved.expected_calls[0].arguments == {"src": "ACC-ba21", "amount": 5}
-    assert moved.answer_facts == ("ACC-ba21", "7") and moved.user == "move 5"
-    # a value the user stated is the caller's own knowledge, not the rehearsal's
-    assert bench.aligned_values(real, imagined, said="I have 1 account") == {
-        ("str", "ACC-12ab"): "ACC-ba21"
-    }
-
-
-def _run_folder(tmp_path: Path, policy: OraclePolicy) -> Path:
-    """An `envace run`-like folder: tasks/ and one iteration's saved rollouts (4 per task)."""
+def _run_folder(tmp_path: Path, policy: OraclePolicy, grader: TurnGrader | None = None) -> Path:
+    """An `envace run`-like folder: tasks/ and one iteration's saved rollouts (2 per task)."""
     run = tmp_path / "run"
     write_splits(run / "tasks", 12, 1, 0)
     tasks = load_splits(run / "tasks").train
     cfg = RolloutConfig(mode="rehearsal")
-    trajs = RolloutEngine(policy, cfg, TaskGrader()).run(tasks, n=2)
+    trajs = RolloutEngine(policy, cfg, grader or TaskGrader()).run(tasks, n=2)
     write_trajectories(trajs, run / "rollouts" / "iter-000001.jsonl", rows=True)
     return run
 
@@ -105,6 +74,21 @@ def test_no_bias_where_the_rehearsal_is_the_real_world(tmp_path: Path) -> None:
     assert s["groups_without_signal_rehearsed"] == s["groups"]
 
 
+def test_a_run_trained_with_shown_world_grading_is_checked_against_it(tmp_path: Path) -> None:
+    """The run's config.json names the grading its recorded scores came from: with it the
+    recorded scores are the shown-world ones; read as task grading they would not match."""
+    bench = _bench()
+    run = _run_folder(tmp_path, RenamingOracle(), ShownWorldGrader(TaskGrader()))
+    with pytest.raises(ValueError, match="task grading gives"):
+        bench.main(["--run", str(run)])
+    (run / "config.json").write_text(json.dumps({"algo": {"rehearsal_grading": "shown_world"}}))
+    out = tmp_path / "bias.json"
+    assert bench.main(["--run", str(run), "--out", str(out)]) == 0
+    s = json.loads(out.read_text())["runs"][str(run)]
+    assert s["trained_with"] == "shown_world"
+    assert s["reward_consistent_ref"] == pytest.approx(1.0) and s["reward_rehearsed"] < 1.0
+
+
 def test_rollouts_of_another_run_are_refused(tmp_path: Path) -> None:
     """Recorded turn scores the rules cannot reproduce mean mismatched inputs: a clear error."""
     bench = _bench()
@@ -130,7 +114,7 @@ def test_the_report_has_a_column_per_run_and_their_mean() -> None:
     two = {k: 0.7 for k, _ in bench.ROWS} | {"advantage_sign_agreement": 0.25}
     table = bench.report({"rb0": one, "rb1": two}).splitlines()
     assert table[0] == "| figure | rb0 | rb1 | mean ± std |"
-    row = next(r for r in table if r.startswith("| reward as trained |"))
-    assert row == "| reward as trained | 0.500 | 0.700 | 0.600 ± 0.141 (2) |"
-    row = next(r for r in table if r.startswith("| advantage sign agreement |"))
-    assert row == "| advantage sign agreement | n/a | 0.250 | 0.250 (1 seed) |"
+    row = next(r for r in table if r.startswith("| reward, task grading |"))
+    assert row == "| reward, task grading | 0.500 | 0.700 | 0.600 ± 0.141 (2) |"
+    row = next(r for r in table if r.startswith("| advantage sign agreement"))
+    assert row.endswith("| n/a | 0.250 | 0.250 (1 seed) |")
