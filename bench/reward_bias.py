@@ -25,6 +25,7 @@ mean): the report says how often the two gradings give it the same sign, and how
 have no signal under each.
 
     python bench/reward_bias.py --run runs/A runs/B ... [--out bench/results/reward-bias.json]
+    python bench/reward_bias.py --run runs/study/seed0/shown_world --trained-with shown_world
 
 Turns a rehearsal ended early (a malformed simulator result ends the episode; later turns score
 0) score 0 under both gradings: the bias measured is a lower bound.
@@ -179,7 +180,8 @@ def summarise(groups: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
 
 
 def load_run(run: Path) -> tuple[list[list[dict[str, Any]]], dict[str, Task], str]:
-    """The saved rollouts of `run` as GRPO groups (per file, per task), its train tasks, and
+    """The saved rollouts of `run` as GRPO groups (per file, per task), its train tasks
+    (`run/tasks`, or the tasks of the study seed folder above a `bench/learning.py` cell), and
     the grading it trained with (`algo.rehearsal_grading` in its config.json; task without)."""
     from envace.run.layout import load_splits
 
@@ -188,7 +190,8 @@ def load_run(run: Path) -> tuple[list[list[dict[str, Any]]], dict[str, Task], st
         raise SystemExit(
             f"no saved rollouts in {run / 'rollouts'}: run RL with --set train.save_rollouts=true"
         )
-    tasks = {t.id: t for t in load_splits(run / "tasks").train}
+    folder = run / "tasks" if (run / "tasks").is_dir() else run.parent / "tasks"
+    tasks = {t.id: t for t in load_splits(folder).train}
     groups: list[list[dict[str, Any]]] = []
     for f in files:
         by_task: dict[str, list[dict[str, Any]]] = {}
@@ -242,12 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--run", type=Path, nargs="+", required=True, help="`envace run` folders with rollouts/"
     )
+    p.add_argument(
+        "--trained-with",
+        choices=["task", "shown_world"],
+        default=None,
+        help="the runs' algo.rehearsal_grading (default: each run's config.json; task without)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     summaries: dict[str, dict[str, Any]] = {}
     episodes: dict[str, list[dict[str, Any]]] = {}
     for run in args.run:
         groups, tasks, graded = load_run(run)
+        graded = args.trained_with or graded
         scored = [[episode_scores(tasks[r["task_id"]], r, graded) for r in g] for g in groups]
         summaries[run.name] = {"trained_with": graded, **summarise(scored)}
         episodes[run.name] = [e for g in scored for e in g]

@@ -81,6 +81,7 @@ def test_a_run_trained_with_shown_world_grading_is_checked_against_it(tmp_path: 
     run = _run_folder(tmp_path, RenamingOracle(), ShownWorldGrader(TaskGrader()))
     with pytest.raises(ValueError, match="task grading gives"):
         bench.main(["--run", str(run)])
+    assert bench.main(["--run", str(run), "--trained-with", "shown_world"]) == 0
     (run / "config.json").write_text(json.dumps({"algo": {"rehearsal_grading": "shown_world"}}))
     out = tmp_path / "bias.json"
     assert bench.main(["--run", str(run), "--out", str(out)]) == 0
@@ -118,3 +119,18 @@ def test_the_report_has_a_column_per_run_and_their_mean() -> None:
     assert row == "| reward, task grading | 0.500 | 0.700 | 0.600 ± 0.141 (2) |"
     row = next(r for r in table if r.startswith("| advantage sign agreement"))
     assert row.endswith("| n/a | 0.250 | 0.250 (1 seed) |")
+
+
+def test_a_study_cell_reads_its_seed_folders_tasks(tmp_path: Path) -> None:
+    """bench/learning.py keeps a cell's rollouts in SEED/MODE/rollouts and the tasks in
+    SEED/tasks: the cell folder is a run."""
+    bench = _bench()
+    run = _run_folder(tmp_path, RenamingOracle())
+    cell = run / "rehearsal"
+    (run / "rollouts").rename(tmp_path / "rollouts")
+    cell.mkdir()
+    (tmp_path / "rollouts").rename(cell / "rollouts")
+    out = tmp_path / "bias.json"
+    assert bench.main(["--run", str(cell), "--out", str(out)]) == 0
+    s = json.loads(out.read_text())["runs"][str(cell)]
+    assert s["episodes"] == 24 and s["reward_consistent"] == pytest.approx(1.0)
