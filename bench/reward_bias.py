@@ -59,6 +59,9 @@ from bench.learning import mean_std
 
 __all__ = ["episode_scores", "main", "report", "summarise"]
 
+# ends after which the last turn was graded; any other end interrupted it (scored 0)
+GRADED_ENDS = frozenset({"completed", "required_item_failed", "unscored"})
+
 
 def _turn_ends(messages: Sequence[dict[str, Any]]) -> list[int]:
     """Per user turn, the index in `messages` where it ends (the next user message)."""
@@ -85,6 +88,10 @@ def episode_scores(task: Task, record: Mapping[str, Any], graded: str = "task") 
     consistent: list[float] = []
     consistent_ref: list[float] = []
     said = task.system or ""
+    # an episode that ended otherwise than by grading its last turn (a malformed call or
+    # result, a step or context limit) scores that interrupted turn 0, whatever was said in it
+    interrupted = record["end_reason"] not in GRADED_ENDS
+    last = len(record["turn_scores"]) - 1
     for t, recorded in enumerate(record["turn_scores"]):
         said += "\n" + task.turns[t].user
         issued = []
@@ -100,6 +107,11 @@ def episode_scores(task: Task, record: Mapping[str, Any], graded: str = "task") 
         answer = answers[t] if t < len(answers) else ""
         turn = task.turns[t]
         table_ref = shown_world_table(task, messages[: ends[t]] if t < len(ends) else messages)
+        if interrupted and t == last:
+            rehearsed.append(0.0)
+            consistent.append(0.0)
+            consistent_ref.append(0.0)
+            continue
         mine = turn_score_rules(turn, issued, answer, read_only)
         ref = turn_score_rules(translate_turn(turn, table_ref), issued, answer, read_only)
         trained = ref if graded == "shown_world" else mine
@@ -124,6 +136,7 @@ def episode_scores(task: Task, record: Mapping[str, Any], graded: str = "task") 
         "consistent_ref": sum(consistent_ref) / n,
         "aligned_values": len(table),
         "aligned_values_ref": len(table_ref),
+        "interrupted": interrupted,
     }
 
 
@@ -168,6 +181,8 @@ def summarise(groups: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
         "reward_consistent_ref": sum(e["consistent_ref"] for e in eps) / n,
         "success_consistent_ref": sum(e["consistent_ref"] >= 1.0 - 1e-9 for e in eps) / n,
         "failed_turns": len(failed),
+        "interrupted_turns": sum(bool(e["interrupted"]) for e in eps),
+        "ended_by_simulator": sum(e["ended"] == "simulator_format_error" for e in eps),
         "failed_turns_raised": sum(b > a + 1e-9 for a, b in failed),
         "failed_turns_made_whole": sum(b >= 1.0 - 1e-9 for _, b in failed),
         "turns_lowered": sum(b < a - 1e-9 for a, b in turns),
@@ -219,6 +234,8 @@ ROWS = (
     ("success_consistent", "success, graded against the shown world"),
     ("success_consistent_ref", "success, shown_world grading (logged results)"),
     ("failed_turns", "turns task grading scores < 1"),
+    ("interrupted_turns", "... of them interrupted (episode ended mid-turn)"),
+    ("ended_by_simulator", "... by a malformed rehearsed result"),
     ("failed_turns_raised", "... raised against the shown world"),
     ("failed_turns_made_whole", "... made whole"),
     ("turns_lowered", "turns lowered"),

@@ -134,3 +134,21 @@ def test_a_study_cell_reads_its_seed_folders_tasks(tmp_path: Path) -> None:
     assert bench.main(["--run", str(cell), "--out", str(out)]) == 0
     s = json.loads(out.read_text())["runs"][str(cell)]
     assert s["episodes"] == 24 and s["reward_consistent"] == pytest.approx(1.0)
+
+
+def test_an_interrupted_turn_scores_zero_under_every_grading(tmp_path: Path) -> None:
+    """The engine scores a turn an episode ended in (a malformed rehearsed result, a limit)
+    0 without grading it: so do all three gradings, and the recorded 0 is not a mismatch."""
+    bench = _bench()
+    run = _run_folder(tmp_path, RenamingOracle())
+    record = json.loads((run / "rollouts" / "iter-000001.jsonl").read_text().splitlines()[0])
+    task = {t.id: t for t in load_splits(run / "tasks").train}[record["task_id"]]
+    whole = bench.episode_scores(task, record)
+    assert whole["turns_consistent"][-1] == 1.0 and not whole["interrupted"]
+    record["end_reason"] = "simulator_format_error"
+    record["turn_scores"][-1] = 0.0
+    cut = bench.episode_scores(task, record)
+    assert cut["interrupted"]
+    assert cut["turns_rehearsed"][-1] == cut["turns_consistent"][-1] == 0.0
+    assert cut["turns_consistent_ref"][-1] == 0.0
+    assert cut["turns_consistent"][:-1] == whole["turns_consistent"][:-1]
