@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from envace.config import load_config
 from envace.policy.chat import ChatRenderer
 from envace.reward.shown_world import aligned_values, shown_world_table, translate_turn
 from envace.rollout.engine import RolloutConfig, RolloutEngine
@@ -20,6 +19,7 @@ from envace.run.layout import load_splits
 from envace.tasks.generate import write_splits
 from envace.tasks.model import ExpectedCall, Turn
 from envace.train.rl import RLTrainer
+from tests.rollout.rl_testlib import roomy_rl_setup
 
 IDS = re.compile(r"\b(ACC|ORD)-([0-9a-f]{4})\b")
 
@@ -92,18 +92,7 @@ def test_rl_rollouts_are_graded_as_configured(
 ) -> None:
     """Task grading fails the renaming oracle wherever an id mattered; shown-world grading gives
     it every turn, and grades the honest oracle exactly as task grading does (all 1.0)."""
-    write_splits(tmp_path, 12, 1, 0)
-    splits = load_splits(tmp_path)
-    cfg = load_config(
-        None,
-        [
-            f"algo.rehearsal_grading={grading}",
-            "rollout.max_context_tokens=100000",
-            "rollout.max_sim_prompt_tokens=100000",
-            "rollout.batch_tasks=12",
-            "rollout.n=1",
-        ],
-    )
+    splits, cfg = roomy_rl_setup(tmp_path, 12, 1, f"algo.rehearsal_grading={grading}")
     renderer = ChatRenderer(tiny_tokenizer)
     trainer = RLTrainer(cfg, splits.train, RenamingOracle(renderer), [], TaskGrader())
     trainer.collect(0)

@@ -16,6 +16,7 @@ from envace.rollout.policies import OraclePolicy
 from envace.run import load_splits, warm_start_rows
 from envace.tasks.generate import write_splits
 from envace.train.rl import RLTrainer
+from tests.rollout.rl_testlib import roomy_rl_setup
 
 
 @pytest.mark.parametrize("schemas", ["full", "compact"])
@@ -47,18 +48,7 @@ def test_rl_rollouts_see_the_chosen_tool_schemas(
 ) -> None:
     """The trainer's rollouts are built from the same RolloutConfig as evaluation's (it once
     built its own and dropped `tool_schemas`: RL trained on full schemas whatever was set)."""
-    write_splits(tmp_path, 3, 1, 0)
-    splits = load_splits(tmp_path)
-    cfg = load_config(
-        None,
-        [
-            f"rollout.tool_schemas={schemas}",
-            "rollout.max_context_tokens=100000",
-            "rollout.max_sim_prompt_tokens=100000",
-            "rollout.batch_tasks=3",
-            "rollout.n=2",
-        ],
-    )
+    splits, cfg = roomy_rl_setup(tmp_path, 3, 2, f"rollout.tool_schemas={schemas}")
     policy = OraclePolicy(ChatRenderer(tiny_tokenizer))
     trainer = RLTrainer(cfg, splits.train, policy, [], TaskGrader())
     assert trainer.rollout_cfg == RolloutConfig.from_config(cfg)
