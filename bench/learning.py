@@ -437,6 +437,12 @@ def merge_results(paths: list[Path], seeds: list[int]) -> dict[str, Any]:
     return summarize(merged, seeds)
 
 
+def headline_seeds(data: dict[str, Any], seeds: list[int]) -> list[int]:
+    """The seeds of a results file's headline: this run's and the file's own, so a sitting that
+    runs some seeds into a file does not drop the others from its per-seed arrays."""
+    return sorted({*seeds, *data.get("seeds", [])})
+
+
 def save(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -453,6 +459,7 @@ def run_cells(
     validation: int = 0,
 ) -> dict[str, Any]:
     data = load_results(results)
+    shown = headline_seeds(data, seeds)
     todo = [(s, "mode", m) for s in seeds for m in modes]
     if test_time:
         todo += [(s, "test_time", p) for s in seeds for p in TEST_TIME if p in modes]
@@ -493,10 +500,10 @@ def run_cells(
         # the first sitting's per-seed figures stay; every warm start is kept by its id
         data.setdefault("warm_start", {}).setdefault(str(seed), stats)
         data.setdefault("warm_starts", {})[rec["warm_start_id"]] = stats
-        save(results, summarize(data, seeds))
+        save(results, summarize(data, shown))
         on_cell(key, rec)
         print(json.dumps({"cell": key, **{k: v for k, v in rec.items() if k != "metrics"}}))
-    return summarize(data, seeds)
+    return summarize(data, shown)
 
 
 def _trained_dir(study: Study, mode: str) -> Path:

@@ -203,6 +203,27 @@ def test_mode_settings() -> None:
         bench.mode_config(base, "high_lr_mini4")
     assert bench.mean_std([0.5, None, 0.7]) == "0.600 ± 0.141 (2)"
     assert bench.mean_std([None]) == "n/a"
+    shown = bench.mode_config(local, "shown_world")  # rehearsed turns graded as shown
+    assert (shown.algo.rehearsal_grading, shown.rollout.mode) == ("shown_world", "rehearsal")
+    assert shown.train.lr == local.train.lr
+    mask = bench.mode_config(local, "mask_sim_errors")
+    assert (mask.algo.mask_sim_errors, mask.train.lr) == (True, local.train.lr)
+
+
+def test_a_sitting_of_some_seeds_keeps_the_others_in_the_headline() -> None:
+    """Running seed 0 into a 3-seed results file once narrowed its per-seed arrays to seed 0
+    (the cells stayed, the headline lost seeds 1 and 2)."""
+    bench = _bench()
+    data = {
+        "seeds": [0, 1, 2],
+        "cells": {
+            bench.cell_key("mode", "warm_start", s): {"success": 0.1 * s, "fidelity_field": None}
+            for s in (0, 1, 2)
+        },
+    }
+    seeds = bench.headline_seeds(data, [0])
+    assert seeds == [0, 1, 2] and bench.headline_seeds({"seeds": [1]}, [3, 0]) == [0, 1, 3]
+    assert bench.summarize(data, seeds)["modes"]["warm_start"]["success"] == [0.0, 0.1, 0.2]
 
 
 def test_a_field_added_since_counts_only_away_from_its_default(tmp_path: Path) -> None:
