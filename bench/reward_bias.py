@@ -51,6 +51,7 @@ from envace.reward.shown_world import (
     shown_world_table,
     translate_turn,
 )
+from envace.rollout.types import EndReason
 from envace.tasks.io import atomic_write_text
 from envace.tasks.model import Task
 
@@ -60,7 +61,9 @@ from bench.learning import mean_std
 __all__ = ["episode_scores", "main", "report", "summarise"]
 
 # ends after which the last turn was graded; any other end interrupted it (scored 0)
-GRADED_ENDS = frozenset({"completed", "required_item_failed", "unscored"})
+GRADED_ENDS = frozenset(
+    str(r) for r in (EndReason.COMPLETED, EndReason.REQUIRED_ITEM_FAILED, EndReason.UNSCORED)
+)
 
 
 def _turn_ends(messages: Sequence[dict[str, Any]]) -> list[int]:
