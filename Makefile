@@ -55,7 +55,7 @@ typecheck: $(VENV)/.stamp-test
 	$(VENV)/bin/mypy
 
 unit: $(VENV)/.stamp-test
-	$(VENV)/bin/pytest -q -m "not e2e" tests
+	$(VENV)/bin/pytest -q -m "not e2e" --durations=25 tests
 
 tools:
 	bash scripts/install_tools.sh
