@@ -229,7 +229,9 @@ class MlflowTracker:
     once (MLflow refuses to change a param: a setting changed at a resume is kept as first
     logged, with a warning). Metrics: each iteration's scalars at step = iteration; an
     iteration the run already holds (logged before a kill, redone after the resume) is not
-    sent again, since MLflow can only append: the run keeps one value per step."""
+    sent again, since MLflow can only append: the run keeps one value per step. A continued
+    run's history is read per metric when that metric is first logged again (a pipeline step
+    that logs 3 metrics into a run holding 60 makes 3 history requests, not 60)."""
 
     RUN_TAG = "envace.run"
     KEY_TAG = "envace.run_key"
@@ -246,7 +248,7 @@ class MlflowTracker:
             ) from exc
         self.client = MlflowClient(tracking_uri=target.uri)
         try:
-            self.run_id, self.held = self._open(target, run, params)
+            self.run_id, self.found = self._open(target, run, params)
         except MlflowException as exc:
             raise UserInputError(
                 f"MLflow at {target.uri}: {exc.message}; check mlflow_tracking_uri (or"
@@ -254,11 +256,13 @@ class MlflowTracker:
                 " MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN"
             ) from None
         log.info("MLflow: run %s (%s) in experiment %r", self.run_id, run.title, target.experiment)
+        self.held: dict[str, set[int]] = {}  # the steps a metric holds, read when first logged
         self.skipped = False
 
     def _open(
         self, target: MlflowTarget, run: TrackedRun, params: Mapping[str, str]
-    ) -> tuple[str, dict[str, set[int]]]:
+    ) -> tuple[str, set[str]]:
+        """The run's id and the metrics it held when found (none for a new run)."""
         experiment_id = self._experiment(target.experiment)
         found = self.client.search_runs(
             [experiment_id],
@@ -269,16 +273,12 @@ class MlflowTracker:
         if found:
             run_id = found[0].info.run_id
             self.client.update_run(run_id, status="RUNNING")
-            held = {
-                k: {m.step for m in self.client.get_metric_history(run_id, k)}
-                for k in found[0].data.metrics
-            }
             self._log_params(run_id, params, dict(found[0].data.params))
-            return run_id, held
+            return run_id, set(found[0].data.metrics)
         tags = {self.RUN_TAG: run.name, self.KEY_TAG: run.key, "envace.started": run.started}
         created = self.client.create_run(experiment_id, run_name=run.title, tags=tags)
         self._log_params(created.info.run_id, params, {})
-        return created.info.run_id, {}
+        return created.info.run_id, set()
 
     def _experiment(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
@@ -320,12 +320,12 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
 
         now = int(time.time() * 1000)
-        fresh = {k: v for k, v in scalars.items() if step not in self.held.get(k, ())}
-        if len(fresh) < len(scalars) and not self.skipped:
-            log.warning("MLflow already holds iteration %d (before the resume); kept", step)
-            self.skipped = True
-        metrics = [Metric(k, float(v), now, step) for k, v in fresh.items()]
         try:
+            fresh = {k: v for k, v in scalars.items() if step not in self._held(k)}
+            if len(fresh) < len(scalars) and not self.skipped:
+                log.warning("MLflow already holds iteration %d (before the resume); kept", step)
+                self.skipped = True
+            metrics = [Metric(k, float(v), now, step) for k, v in fresh.items()]
             for i in range(0, len(metrics), 1000):  # MLflow's limit of metrics per request
                 self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
         except MlflowException as exc:  # the client retried already; training goes on
@@ -334,7 +334,13 @@ class MlflowTracker:
             )
             return
         for k in fresh:
-            self.held.setdefault(k, set()).add(step)
+            self.held[k].add(step)
+
+    def _held(self, key: str) -> set[int]:
+        if key not in self.held:
+            history = self.client.get_metric_history(self.run_id, key) if key in self.found else []
+            self.held[key] = {m.step for m in history}
+        return self.held[key]
 
     def truncate_after(self, iteration: int) -> None:
         pass  # the steps MLflow holds are known (`held`): none is sent twice
