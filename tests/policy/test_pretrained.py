@@ -43,6 +43,10 @@ def test_smollm2_converts_once_into_a_verified_checkpoint(
     assert (config["num_hidden_layers"], config["hidden_size"]) == (30, 576)
     assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
     assert "quantization_config" not in config
+    # the conversion's one-parse shortcut is undone: other GGUF loads see gguf's own functions
+    import gguf
+
+    assert isinstance(gguf.GGUFReader, type) and not hasattr(gguf.get_tensor_name_map, "cache_info")
     # A second call reuses the cache: nothing is converted again.
     monkeypatch.setenv("ENVACE_CACHE", str(cache))
     monkeypatch.setattr(pretrained, "convert_gguf", _must_not_convert)
