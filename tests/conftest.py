@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.helpers.mlflow_server import Server
 
 # Keep torch from oversubscribing the 2 CI cores when several workers run.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -50,3 +55,24 @@ def micro_model(tiny_tokenizer):  # type: ignore[no-untyped-def]
     from envace.policy.tiny import build_tiny_model
 
     return build_tiny_model(tiny_tokenizer, "test-micro", seed=0)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One real MLflow tracking server (basic auth, sqlite) for the session: each test logs into
+    an experiment of its own name."""
+    from tests.helpers.mlflow_server import serve_mlflow
+
+    with serve_mlflow(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server
+
+
+@pytest.fixture
+def mlflow_credentials(mlflow_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
+    """The server's admin credentials in the environment (as a Secret would put them)."""
+    from tests.helpers.mlflow_server import USER
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", mlflow_server.password)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return mlflow_server

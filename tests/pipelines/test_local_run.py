@@ -1,6 +1,8 @@
 """The whole pipeline under KFP's local runner (every component a subprocess of this Python), with
 the S3 test server as the store: every artifact committed with a verifying manifest, and the
-evaluation's metrics and report out as KFP outputs."""
+evaluation's metrics and report out as KFP outputs. MLflow tracking is on, as a Secret turns it on
+on the cluster: one real tracking server (tests/helpers/mlflow_server.py) gets every step's
+metrics in one run."""
 
 from __future__ import annotations
 
@@ -9,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from envace import stages
 from envace.cli import main
+from envace.config import load_config
 from envace.storage.artifacts import open_store, verify
 from envace.storage.manifest import MANIFEST_NAME
+from tests.helpers import mlflow_server as mlf
+from tests.helpers.mlflow_server import Server
 
 
 def _committed(store_uri: str) -> set[str]:
@@ -26,11 +32,18 @@ def _committed(store_uri: str) -> set[str]:
 
 @pytest.mark.slow
 def test_run_local_runs_every_step_against_the_s3_store(
-    s3_store: str, micro: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    s3_store: str,
+    micro: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mlflow_credentials: Server,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = tmp_path / "kfp"
+    sets = [*micro, "mlflow_experiment=pipeline"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_credentials.uri)
     argv = ["pipeline", "run-local", "--store", s3_store, "--rounds", "1"]
-    argv += ["--pipeline-root", str(root), *[a for kv in micro for a in ("--set", kv)]]
+    argv += ["--pipeline-root", str(root), *[a for kv in sets for a in ("--set", kv)]]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     committed = _committed(s3_store)
@@ -69,6 +82,24 @@ def test_run_local_runs_every_step_against_the_s3_store(
     assert tasks == {"store_uri": f"{s3_store}/prepared/{digest}/tasks"}
     assert "success_rate" in printed
     assert f"final checkpoint: {s3_store}/{run_id}/checkpoints/rl/iter_000001" in printed
+    # MLflow: the rollout, train and evaluate steps, each its own process, log into ONE run keyed
+    # by the pipeline run's store folder, at the RL iteration
+    (run,) = mlf.runs(mlflow_credentials, "pipeline")
+    run_uri = f"{s3_store}/{run_id}"
+    assert mlf.tags(run)["envace.run"] == run_uri and run["info"]["status"] == "FINISHED"
+    mlflow_run = run["info"]["run_id"]
+    assert [s for s, _ in mlf.history(mlflow_credentials, mlflow_run, "reward/mean")] == [1]
+    assert [s for s, _ in mlf.history(mlflow_credentials, mlflow_run, "policy/loss")] == [1]
+    success = metrics["success_rate"]
+    logged = mlf.history(mlflow_credentials, mlflow_run, "eval/success_rate")
+    assert logged == [(1, success)]
+    assert mlf.params(run)["model.preset"] == "test-micro"
+    # a retry of the evaluate step sends its values again: MLflow keeps one per step
+    cfg = load_config(None, sets)
+    assert stages.track_metrics(cfg, run_uri, 1, {"eval/success_rate": success + 0.5})
+    assert mlf.history(mlflow_credentials, mlflow_run, "eval/success_rate") == logged
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert not stages.track_metrics(cfg, run_uri, 1, {"eval/success_rate": 0.0})  # none on
 
 
 def test_run_local_fails_at_once_when_the_store_is_unreachable(
