@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -76,3 +77,16 @@ def mlflow_credentials(mlflow_server: Server, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", mlflow_server.password)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return mlflow_server
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ENVACE_CACHE folder holding SmolLM2-135M-Instruct converted from the wheel's GGUF
+    (once a session: the conversion is the slow part of every test that loads the real model)."""
+    from envace.policy import pretrained
+
+    cache = tmp_path_factory.mktemp("envace-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENVACE_CACHE", str(cache))
+        pretrained.ensure_smollm2()
+    return cache

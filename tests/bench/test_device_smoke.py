@@ -19,9 +19,9 @@ def _smoke() -> ModuleType:
 
 @pytest.mark.slow
 def test_the_smoke_compares_static_decoding_with_generate_and_names_a_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_cache: Path
 ) -> None:
-    monkeypatch.setenv("ENVACE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENVACE_CACHE", str(smollm2_cache))
     smoke = _smoke()
     assert smoke.main(["--out", str(tmp_path / "ok.json"), "--new", "4"]) == 0
     rec = json.loads((tmp_path / "ok.json").read_text())

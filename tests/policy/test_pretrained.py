@@ -18,23 +18,18 @@ from envace.policy.hf_backend import load_model_and_tokenizer, resolve_device, r
 from envace.policy.prompts import compact_tools
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("envace-cache")
-
-
-@pytest.fixture(scope="module")
-def converted(cache: Path) -> Path:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ENVACE_CACHE", str(cache))
-        return pretrained.ensure_smollm2()
+@pytest.fixture
+def converted(smollm2_cache: Path) -> Path:
+    """The session's conversion (the smollm2_cache fixture converts into a fresh, empty cache)."""
+    (folder,) = (smollm2_cache / "models").iterdir()
+    return folder
 
 
 @pytest.mark.slow
 def test_smollm2_converts_once_into_a_verified_checkpoint(
-    converted: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+    converted: Path, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert converted.parent == cache / "models"
+    assert converted.parent == smollm2_cache / "models"
     manifest = json.loads((converted / "MANIFEST.json").read_text())
     names = {f["path"] for f in manifest["files"]}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
@@ -48,7 +43,7 @@ def test_smollm2_converts_once_into_a_verified_checkpoint(
 
     assert isinstance(gguf.GGUFReader, type) and not hasattr(gguf.get_tensor_name_map, "cache_info")
     # A second call reuses the cache: nothing is converted again.
-    monkeypatch.setenv("ENVACE_CACHE", str(cache))
+    monkeypatch.setenv("ENVACE_CACHE", str(smollm2_cache))
     monkeypatch.setattr(pretrained, "convert_gguf", _must_not_convert)
     assert pretrained.ensure_smollm2() == converted
 
@@ -84,12 +79,12 @@ def test_converted_model_matches_the_gguf_and_carries_the_tool_template(converte
 
 @pytest.mark.slow
 def test_a_corrupt_cache_is_rebuilt_not_trusted(
-    converted: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+    converted: Path, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = converted / "generation_config.json"
     good = target.read_bytes()
     target.write_bytes(good.replace(b"{", b"{ ", 1))  # same JSON, other bytes: sha256 differs
-    monkeypatch.setenv("ENVACE_CACHE", str(cache))
+    monkeypatch.setenv("ENVACE_CACHE", str(smollm2_cache))
     calls: list[Path] = []
     real = pretrained.convert_gguf
 
