@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up the real components the test suite starts, each in its own venv, side by side:
 # BFCL's checkers and executable worlds, vLLM's CPU build, checkov, the MLflow tracking server
-# (and helm into .tools/). The installs are independent and mostly wait on downloads, so they run
-# at once; one after the other they took most of CI's install time.
+# (and helm into .tools/). The installs are independent, so they run at once; one after the
+# other they took most of CI's install time (docs/benchmarks.md, "make test back inside CI's 30
+# minutes").
 #
 # Usage: PYTHON=python3.11 bash scripts/setup_test_stack.sh [COMMAND...]
 # A COMMAND (the Makefile passes .venv's `pip install -e ".[test,...]"`) runs beside them as one
