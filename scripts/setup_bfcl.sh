@@ -17,6 +17,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source scripts/pyinstall.sh
 VENV="${BFCL_VENV:-.cache/bfcl-venv}"
 BFCL_VERSION="${BFCL_VERSION:-2026.3.23}"
 PYTHON="${PYTHON:-python3}"
@@ -28,8 +29,7 @@ if [[ -f "$STAMP" ]]; then
 fi
 
 "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q --no-deps "bfcl-eval==$BFCL_VERSION"
+pyinstall "$VENV" --no-deps "bfcl-eval==$BFCL_VERSION"
 "$VENV/bin/python" - > "$VENV/bfcl-requirements.txt" <<'EOF'
 import re
 from importlib.metadata import requires
@@ -45,7 +45,7 @@ print("soundfile")
 EOF
 # pip warns that bfcl-eval's two left-out requirements are missing: expected, see above.
 LOG="$VENV/pip-install.log"
-if ! "$VENV/bin/pip" install -q -r "$VENV/bfcl-requirements.txt" > "$LOG" 2>&1; then
+if ! pyinstall "$VENV" -r "$VENV/bfcl-requirements.txt" > "$LOG" 2>&1; then
   cat "$LOG" >&2
   exit 1
 fi

@@ -14,6 +14,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source scripts/pyinstall.sh
 VENV="${CHECKOV_VENV:-.cache/checkov-venv}"
 CHECKOV_VERSION="${CHECKOV_VERSION:-3.3.30}"
 PYTHON="${PYTHON:-python3}"
@@ -28,8 +29,7 @@ fi
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 "$PYTHON" -m venv "$VENV"
-quiet "$VENV/bin/pip" install -q --upgrade pip
-quiet "$VENV/bin/pip" install -q "checkov==$CHECKOV_VERSION"
+quiet pyinstall "$VENV" "checkov==$CHECKOV_VERSION"
 # Offline and without the vendor's API (BC_SKIP_MAPPING): the way the test runs it.
 BC_SKIP_MAPPING=TRUE "$VENV/bin/checkov" --version
 touch "$STAMP"

@@ -13,6 +13,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source scripts/pyinstall.sh
 VENV="${MLFLOW_VENV:-.cache/mlflow-venv}"
 # 3.17.2: mlflow 3.18.0 pins mlflow-tracing==3.18.0, which the package index lacks (2026-12).
 MLFLOW_VERSION="${MLFLOW_VERSION:-3.17.2}"
@@ -25,10 +26,9 @@ if [[ -f "$STAMP" ]]; then
 fi
 
 "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
 # [auth]: the basic-auth server app (`mlflow server --app-name basic-auth`), so tests check that
 # credentials reach the server from the environment.
-"$VENV/bin/pip" install -q "mlflow[auth]==$MLFLOW_VERSION"
+pyinstall "$VENV" "mlflow[auth]==$MLFLOW_VERSION"
 # The server's entry point and its basic-auth app must load.
 "$VENV/bin/mlflow" --version
 "$VENV/bin/python" -c "import flask_wtf"

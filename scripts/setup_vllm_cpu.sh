@@ -28,10 +28,10 @@ fi
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 "$PYTHON" -m venv "$VENV"
-quiet "$VENV/bin/pip" install -q --upgrade pip
+source "$ROOT/scripts/pyinstall.sh"
 # torch first, pinned: it is the CPU build found on our machines (a bare `torch` pulls CUDA).
-quiet "$VENV/bin/pip" install -q "$TORCH_SPEC"
-quiet "$VENV/bin/pip" install -q "$VLLM_SPEC"
+quiet pyinstall "$VENV" "$TORCH_SPEC"
+quiet pyinstall "$VENV" "$VLLM_SPEC"
 # PyPI's torchvision / torchaudio / torchcodec wheels are CUDA builds: against the CPU torch their
 # C extensions fail to load ("operator torchvision::nms does not exist") and transformers, which
 # imports torchvision when present, takes vLLM down with it. Text-only models need none of them.
