@@ -46,7 +46,8 @@ _pyinstall_pip_options() {  # pip's find-links, constraints and index as uv opti
             echo "--$key"
             echo "$item"
         done
-    done < <("$venv/bin/python" -m pip config list 2>/dev/null)
+    done < <("$venv/bin/python" -m pip config list 2>/dev/null ||
+        python3 -m pip config list 2>/dev/null)  # a venv without pip: the same files and variables
 }
 
 pyinstall() {

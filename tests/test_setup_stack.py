@@ -128,18 +128,21 @@ def test_pips_find_links_constraints_and_index_reach_uv_and_extra_indexes_do_not
         "PIP_INDEX_URL": "https://mirror.example/simple",
         "PIP_EXTRA_INDEX_URL": f"file://{wheels}",
     }
-    script = f"source {PYINSTALL}; _pyinstall_pip_options {Path(sys.executable).parents[1]}"
-    proc = subprocess.run(
-        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr
-    options = proc.stdout.split("\n")[:-1]
-    pairs = sorted(zip(options[::2], options[1::2], strict=True))
-    assert pairs == [
-        ("--constraint", str(constraints)),
-        ("--default-index", "https://mirror.example/simple"),
-        ("--find-links", str(wheels)),
-    ]
+    bare = tmp_path / "bare"  # a venv without pip: the machine's pip reads the same settings
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    for venv in (Path(sys.executable).parents[1], bare):
+        script = f"source {PYINSTALL}; _pyinstall_pip_options {venv}"
+        proc = subprocess.run(
+            ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        options = proc.stdout.split("\n")[:-1]
+        pairs = sorted(zip(options[::2], options[1::2], strict=True))
+        assert pairs == [
+            ("--constraint", str(constraints)),
+            ("--default-index", "https://mirror.example/simple"),
+            ("--find-links", str(wheels)),
+        ], venv
 
 
 def test_installs_go_through_uv(tmp_path: Path) -> None:
