@@ -4,7 +4,7 @@
 #
 # Why uv: with pip, `make test`'s installs took ~7 of CI's ~26 minutes (.venv 118 s, then the side
 # venvs 314 s side by side); uv downloads and installs in parallel (MLflow's server venv: 88 s with
-# pip, 5 s with uv; docs/benchmarks.md, "make test's installs through uv").
+# pip, 4-5 s with uv before compiling; docs/benchmarks.md, "make test's installs through uv").
 # uv reads none of pip's configuration, so the machine's find-links, constraints and index
 # (pip.conf or PIP_* variables: the find-links folder is where the CPU build of torch lies on our
 # machines) are passed on; a local folder that does not exist is left out (pip only warns).

@@ -10,6 +10,7 @@ is a shell script (a uv that fails on purpose cannot be had otherwise).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,12 +96,19 @@ def _venv(tmp_path: Path) -> Path:
     return venv
 
 
+@pytest.fixture
+def probe_wheels(tmp_path: Path) -> Path:
+    """A find-links folder holding the hand-made `envace_probe` wheel."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels)
+    return wheels
+
+
 def _pyinstall(venv: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "PIP_CONFIG_FILE": os.devnull, **env}
-    full = {k: v for k, v in full.items() if v != ""}
     return subprocess.run(
         ["bash", str(PYINSTALL), str(venv), *args],
-        env=full,
+        env={**os.environ, "PIP_CONFIG_FILE": os.devnull, **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -145,30 +153,27 @@ def test_pips_find_links_constraints_and_index_reach_uv_and_extra_indexes_do_not
         ], venv
 
 
-def test_installs_go_through_uv(tmp_path: Path) -> None:
-    uv = Path(sys.executable).parent / "uv"
-    if not uv.exists():
-        pytest.skip(f"no uv next to {sys.executable}: `make test` installs it (UV_SPEC)")
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    _wheel(wheels)
+def test_installs_go_through_uv(tmp_path: Path, probe_wheels: Path) -> None:
+    beside = Path(sys.executable).parent / "uv"
+    uv = str(beside) if beside.exists() else shutil.which("uv")
+    if uv is None:
+        pytest.skip(
+            f"no uv next to {sys.executable} nor on PATH: `make test` installs it (UV_SPEC)"
+        )
     venv = _venv(tmp_path)
-    proc = _pyinstall(venv, "--no-index", "--find-links", str(wheels), "envace_probe", UV=str(uv))
+    proc = _pyinstall(venv, "--no-index", "--find-links", str(probe_wheels), "envace_probe", UV=uv)
     assert proc.returncode == 0, proc.stderr
     assert _installer(venv) == "uv"
     assert "installing with pip instead" not in proc.stderr
 
 
-def test_a_failing_uv_falls_back_to_pip_and_says_so(tmp_path: Path) -> None:
+def test_a_failing_uv_falls_back_to_pip_and_says_so(tmp_path: Path, probe_wheels: Path) -> None:
     broken = tmp_path / "uv"
     broken.write_text("#!/bin/sh\necho 'uv: broken on purpose' >&2\nexit 2\n")
     broken.chmod(0o755)
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    _wheel(wheels)
     venv = _venv(tmp_path)
     proc = _pyinstall(
-        venv, "--no-index", "--find-links", str(wheels), "envace_probe", UV=str(broken)
+        venv, "--no-index", "--find-links", str(probe_wheels), "envace_probe", UV=str(broken)
     )
     assert proc.returncode == 0, proc.stderr
     assert "uv: broken on purpose" in proc.stderr
@@ -176,12 +181,9 @@ def test_a_failing_uv_falls_back_to_pip_and_says_so(tmp_path: Path) -> None:
     assert _installer(venv) == "pip"
 
 
-def test_pip_only_and_a_missing_venv(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    _wheel(wheels)
+def test_pip_only_and_a_missing_venv(tmp_path: Path, probe_wheels: Path) -> None:
     venv = _venv(tmp_path)
-    args = ("--no-index", "--find-links", str(wheels), "envace_probe")
+    args = ("--no-index", "--find-links", str(probe_wheels), "envace_probe")
     proc = _pyinstall(venv, *args, ENVACE_PIP_ONLY="1", UV="/nonexistent/uv")
     assert proc.returncode == 0, proc.stderr
     assert _installer(venv) == "pip"
