@@ -697,7 +697,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             "algo.mask_sim_errors: true masks episodes that a malformed rehearsed result ended, "
             "but in rollout.mode 'real' the real worlds answer every call (no such episode); "
-            "use mask_sim_errors: false, or rollout.mode: rehearsal or external"
+            "use mask_sim_errors: false (configs/local.yaml sets it true: add --set "
+            "algo.mask_sim_errors=false), or rollout.mode: rehearsal or external"
         )
     if cfg.rollout.external_model and cfg.rollout.external_endpoint:
         raise ConfigError(

@@ -208,6 +208,13 @@ def test_mode_settings() -> None:
     assert shown.train.lr == local.train.lr
     mask = bench.mode_config(local, "mask_sim_errors")
     assert (mask.algo.mask_sim_errors, mask.train.lr) == (True, local.train.lr)
+    # local.yaml masks the simulator's slips; the real worlds have none (a ConfigError if set)
+    assert local.algo.mask_sim_errors and bench.mode_config(local, "rehearsal").algo.mask_sim_errors
+    assert not bench.mode_config(local, "unmasked").algo.mask_sim_errors
+    for real in ("real", "real_long12", "real_long12_token_mean"):
+        cfg = bench.mode_config(local, real)
+        assert (cfg.rollout.mode, cfg.algo.mask_sim_errors) == ("real", False)
+    assert bench.mode_config(local, "external").algo.mask_sim_errors
 
 
 def test_a_sitting_of_some_seeds_keeps_the_others_in_the_headline() -> None:
@@ -284,12 +291,12 @@ def test_lever_modes_rehearse_with_the_simulator_rows_scored_by_fidelity() -> No
     assert bench.mode_config(base, "rehearsal").algo.simulator_reward == "task"
     masked = bench.mode_config(base, "mask_sim_errors")
     assert (masked.rollout.mode, masked.algo.mask_sim_errors) == ("rehearsal", True)
-    assert masked.train.lr == base.train.lr and not base.algo.mask_sim_errors
+    assert masked.train.lr == base.train.lr and base.algo.mask_sim_errors  # local.yaml's
     high = bench.mode_config(base, "high_lr")
     assert (high.rollout.mode, high.train.lr, high.algo.mask_sim_errors) == (
         "rehearsal",
         1e-4,
-        False,
+        True,
     )
     # one setting changed from the base config, the rest (budget, tasks, model) the same
     diff = {k for k, v in high.to_dict()["train"].items() if base.to_dict()["train"][k] != v}
