@@ -90,7 +90,9 @@ class RolloutSection:
     mode: Literal["rehearsal", "real", "external"] = "rehearsal"
     n: int = 4  # rollouts per task (GRPO group size per role)
     batch_tasks: int = 16  # tasks per iteration (reference: 16 x 4 = 64 trajectories)
-    temperature: float = 1.0  # sampling temperature of both roles in RL rollouts (0: greedy)
+    # sampling temperature of both roles in RL rollouts (0: greedy); the update takes its
+    # log-probs at the same temperature (logits / T, as verl's actor; T 1 for greedy rollouts)
+    temperature: float = 1.0
     top_p: float = 1.0  # nucleus sampling of both roles in RL rollouts (1: off)
     caller_max_new_tokens: int = 128  # tokens per caller generation (a call or an answer)
     simulator_max_new_tokens: int = 128  # tokens per rehearsed tool result
@@ -165,7 +167,8 @@ class AlgoConfig:
     # true: the caller rows of an episode that a malformed tool result (simulator format
     # error) ended are masked, as an unscored trajectory's, instead of scored by the truncated
     # episode's reward (the caller is not punished for the simulator's slip); its simulator
-    # rows keep their score. Rehearsal and external modes (real mode has no such ends)
+    # rows keep their score. Rehearsal and external modes; in real mode the worlds answer
+    # every call, so nothing is masked (configs/local.yaml turns it on for every mode)
     mask_sim_errors: bool = False
     # how the rules grade a rehearsed turn: task (the expected values as the real world gave
     # them: a caller that acts on an imagined id or balance it was shown is graded wrong), or
@@ -692,13 +695,6 @@ def validate(cfg: Config) -> Config:
             f"algo.rehearsal_grading: {cfg.algo.rehearsal_grading!r} grades rehearsed turns "
             "against the world the rehearsal showed, but rollout.mode 'real' shows the real "
             "world; use rehearsal_grading: task, or rollout.mode: rehearsal or external"
-        )
-    if cfg.rollout.mode == "real" and cfg.algo.mask_sim_errors:
-        raise ConfigError(
-            "algo.mask_sim_errors: true masks episodes that a malformed rehearsed result ended, "
-            "but in rollout.mode 'real' the real worlds answer every call (no such episode); "
-            "use mask_sim_errors: false (configs/local.yaml sets it true: add --set "
-            "algo.mask_sim_errors=false), or rollout.mode: rehearsal or external"
         )
     if cfg.rollout.external_model and cfg.rollout.external_endpoint:
         raise ConfigError(

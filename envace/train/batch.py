@@ -186,6 +186,9 @@ class MicroBatch:
     advantage, a sequence mean per generation) come from `generations`. env_mask (B, T): 1 on
     the observation tokens of packed rows (`TrainRow.env_spans`) when the batch was collated
     for ECHO's loss, else None; `token_logprobs` then scores those positions too.
+    temperature: the log-probs are those of logits / temperature: the RL rollout's sampling
+    temperature (`rollout.temperature`, as verl's actor), so the update scores the
+    distribution the rows were drawn from; 1 for the warm start.
     """
 
     input_ids: torch.Tensor
@@ -194,6 +197,7 @@ class MicroBatch:
     advantages: torch.Tensor
     rows: list[TrainRow]
     env_mask: torch.Tensor | None = None
+    temperature: float = 1.0
 
     @property
     def target_mask(self) -> torch.Tensor:
@@ -229,11 +233,15 @@ class MicroBatch:
             self.advantages.to(device),
             self.rows,
             None if self.env_mask is None else self.env_mask.to(device),
+            self.temperature,
         )
 
 
-def collate(rows: Sequence[TrainRow], pad_id: int, env: bool = False) -> MicroBatch:
-    """`rows` right-padded into one batch; `env`: also the observation mask (`env_mask`)."""
+def collate(
+    rows: Sequence[TrainRow], pad_id: int, env: bool = False, temperature: float = 1.0
+) -> MicroBatch:
+    """`rows` right-padded into one batch; `env`: also the observation mask (`env_mask`);
+    `temperature`: the one its log-probs are taken at (`MicroBatch`)."""
     width = max(r.length for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -252,7 +260,7 @@ def collate(rows: Sequence[TrainRow], pad_id: int, env: bool = False) -> MicroBa
         for b, r in enumerate(rows):
             for start, end in r.env_spans or []:
                 env_mask[b, start:end] = 1.0
-    return MicroBatch(ids, attn, resp, adv, list(rows), env_mask)
+    return MicroBatch(ids, attn, resp, adv, list(rows), env_mask, temperature)
 
 
 def make_micro_batches(
@@ -261,9 +269,10 @@ def make_micro_batches(
     pad_id: int,
     max_tokens: int | None = None,
     env: bool = False,
+    temperature: float = 1.0,
 ) -> list[MicroBatch]:
     """Length-sorted micro-batches of at most `micro_batch_rows` rows (and `max_tokens` padded
-    tokens, when given); `env`: with observation masks (`collate`)."""
+    tokens, when given); `env`, `temperature`: as `collate`'s."""
     ordered = sorted(rows, key=lambda r: r.length)
     batches: list[list[TrainRow]] = []
     for r in ordered:
@@ -275,7 +284,7 @@ def make_micro_batches(
             cur.append(r)
         else:
             batches.append([r])
-    return [collate(b, pad_id, env) for b in batches]
+    return [collate(b, pad_id, env, temperature) for b in batches]
 
 
 def chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -302,11 +311,10 @@ def token_logprobs(
     model: Any,
     mb: MicroBatch,
     chunk_tokens: int = 4096,
-    temperature: float = 1.0,
     chunk_fn: ChunkFn = chunk_logprobs,
 ) -> torch.Tensor:
     """(B, T) log p(token_t | tokens_<t) at `mb.target_mask`'s positions (the responses, and the
-    observations of an `env_mask`), 0 elsewhere."""
+    observations of an `env_mask`), 0 elsewhere; p is softmax(logits / `mb.temperature`)."""
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
     # Right padding + causal attention: pads sit after every real token, so no mask is needed.
@@ -315,8 +323,8 @@ def token_logprobs(
     target_mask = mb.target_mask[:, 1:] > 0  # (B, T-1)
     h = hidden[:, :-1][target_mask]  # (N, H): positions that predict a target token
     targets = mb.input_ids[:, 1:][target_mask]  # (N,)
-    if temperature != 1.0:
-        h = h / temperature  # equivalent to dividing the logits: the head is linear, no bias
+    if mb.temperature != 1.0:
+        h = h / mb.temperature  # dividing the logits: the head is linear, without a bias
     pieces = []
     for start in range(0, h.shape[0], chunk_tokens):
         hs, ts = h[start : start + chunk_tokens], targets[start : start + chunk_tokens]

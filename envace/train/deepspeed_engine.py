@@ -250,9 +250,14 @@ class _LogprobModule(torch.nn.Module):  # type: ignore[misc]  # torch is untyped
         self.chunk_fn = chunk_fn
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_mask: torch.Tensor,
+        temperature: float = 1.0,
     ) -> torch.Tensor:
-        mb = MicroBatch(input_ids, attention_mask, response_mask, response_mask.new_zeros(0), [])
+        zeros = response_mask.new_zeros(0)
+        mb = MicroBatch(input_ids, attention_mask, response_mask, zeros, [], None, temperature)
         return token_logprobs(self.model, mb, chunk_fn=self.chunk_fn)
 
 
@@ -386,7 +391,9 @@ class DeepSpeedEngine(TrainingEngine):
             mb.env_mask = mb.env_mask.to(dev)
         self.ds.train()
         # the target mask rides in the response_mask slot: ECHO's observations are scored too
-        out: torch.Tensor = self.ds(mb.input_ids, mb.attention_mask, mb.target_mask)
+        out: torch.Tensor = self.ds(
+            mb.input_ids, mb.attention_mask, mb.target_mask, temperature=mb.temperature
+        )
         return out
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -402,6 +402,7 @@ class RLTrainer:
                 learner.pad_id,
                 t.micro_batch_tokens,
                 env=self.cfg.algo.env_loss_coef > 0,
+                temperature=self.cfg.rollout.temperature or 1.0,  # greedy rollouts: T 1
             )
         ]
         total_tokens = all_reduce_sum(sum(mb.num_tokens for mb in mbs))

@@ -173,6 +173,9 @@ def test_a_results_file_of_another_config_is_refused(tmp_path: Path) -> None:
     assert json.loads(results.read_text()) == stored  # nothing overwritten
 
 
+UNMASK = ["algo.mask_sim_errors=false"]  # the base the cells before 2026-12-07 ran
+
+
 def test_mode_settings() -> None:
     bench = _bench()
     from envace.config import load_config
@@ -208,13 +211,16 @@ def test_mode_settings() -> None:
     assert shown.train.lr == local.train.lr
     mask = bench.mode_config(local, "mask_sim_errors")
     assert (mask.algo.mask_sim_errors, mask.train.lr) == (True, local.train.lr)
-    # local.yaml masks the simulator's slips; the real worlds have none (a ConfigError if set)
+    # local.yaml masks the simulator's slips (since 2026-12-07); `unmasked` is the method before
     assert local.algo.mask_sim_errors and bench.mode_config(local, "rehearsal").algo.mask_sim_errors
     assert not bench.mode_config(local, "unmasked").algo.mask_sim_errors
-    for real in ("real", "real_long12", "real_long12_token_mean"):
-        cfg = bench.mode_config(local, real)
-        assert (cfg.rollout.mode, cfg.algo.mask_sim_errors) == ("real", False)
-    assert bench.mode_config(local, "external").algo.mask_sim_errors
+    assert bench.mode_config(local, "unmasked").rollout.mode == "rehearsal"
+    cool = bench.mode_config(load_config(ROOT / "configs" / "local.yaml", UNMASK), "masked_t07")
+    assert (cool.algo.mask_sim_errors, cool.rollout.temperature, cool.eval.temperature) == (
+        True,
+        0.7,
+        0.0,  # the evaluation is never changed
+    )
 
 
 def test_a_sitting_of_some_seeds_keeps_the_others_in_the_headline() -> None:

@@ -16,6 +16,7 @@ from envace.rollout.engine import RolloutConfig, RolloutEngine
 from envace.rollout.grading import TaskGrader
 from envace.rollout.policies import GenRequest, OraclePolicy
 from envace.rollout.types import Role, Row
+from envace.run import tool_results
 from envace.tasks.model import Task
 from envace.train.rl import RLTrainer, row_score
 
@@ -224,8 +225,22 @@ def test_mask_sim_errors_masks_the_callers_of_episodes_a_malformed_rehearsal_end
     assert sims == [(r.reward, r.advantage) for r in masked if r.role is Role.SIMULATOR]
 
 
-def test_mask_sim_errors_is_refused_in_the_real_worlds() -> None:
-    for mode in ("rehearsal", "external"):
-        assert load_config(None, [f"rollout.mode={mode}", "algo.mask_sim_errors=true"])
-    with pytest.raises(ConfigError, match=r"algo\.mask_sim_errors.*rollout\.mode 'real'"):
-        load_config(None, ["rollout.mode=real", "algo.mask_sim_errors=true"])
+def test_mask_sim_errors_masks_nothing_in_the_real_worlds(train_tasks: list[Task]) -> None:
+    """configs/local.yaml masks for every mode, so `--set rollout.mode=real` must keep working:
+    the worlds answer every call, no episode ends on a malformed result, and the rows are
+    scored exactly as without masking."""
+    oracle = OraclePolicy()
+
+    def collect(mask: bool) -> tuple[list[Row], dict[str, float]]:
+        sets = ["rollout.mode=real", "rollout.batch_tasks=4", "rollout.n=2"]
+        cfg = load_config(None, [*sets, f"algo.mask_sim_errors={str(mask).lower()}"])
+        worlds = tool_results(cfg, None, None, lambda: None)
+        policy = ScriptedPolicy(oracle._text)
+        return RLTrainer(cfg, train_tasks, policy, [], TaskGrader(), worlds).collect(0)
+
+    masked, metrics = collect(True)
+    scored, _ = collect(False)
+    assert metrics["reward/caller_masked_episodes"] == 0.0
+    assert masked and all(r.role is Role.CALLER for r in masked)
+    assert [(r.reward, r.advantage) for r in masked] == [(r.reward, r.advantage) for r in scored]
+    assert all(r.reward is not None for r in masked)

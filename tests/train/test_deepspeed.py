@@ -61,6 +61,13 @@ def _rows() -> list[Any]:
     ]
 
 
+def _hot_batch(pad_id: int, temperature: float = 0.5) -> Any:
+    """Two of the rows as one micro-batch scored at `temperature` (rollouts sampled at T)."""
+    from envace.train.batch import collate
+
+    return collate(_rows()[:2], pad_id, temperature=temperature)
+
+
 def rl_iteration(engine: Any, rows: Sequence[Any], pad_id: int) -> list[float]:
     """One RL update as RLTrainer._ppo does it (old log-probs, 2 PPO epochs, weighted
     micro-batch losses, one step per epoch); returns [loss, grad_norm] per epoch."""
@@ -116,6 +123,8 @@ def _run_variant(name: str, init: Path, out: Path) -> dict[str, Any]:
     mine = shard(_rows(), info.rank, info.world_size)
     t0 = time.perf_counter()
     engine = _engine(name, init)
+    with torch.no_grad():  # every rank the same rows: ZeRO-3 gathers in the forward
+        at_half = engine.logprobs(_hot_batch(tok.pad_token_id)).tolist()
     metrics: list[list[float]] = []
     for it in range(ITERATIONS):
         metrics.append(
@@ -141,6 +150,7 @@ def _run_variant(name: str, init: Path, out: Path) -> dict[str, Any]:
         "metrics": metrics,
         "resumed": resumed,
         "steps_at_resume": steps_at_resume,
+        "logprobs_t05": at_half,
         "lr": engine.lr,
         "seconds": time.perf_counter() - t0,
     }
@@ -209,6 +219,17 @@ def _torch_reference(init: Path, lora: bool) -> tuple[list[list[float]], dict[st
     return metrics, {k: v.detach().clone() for k, v in engine.full_state_dict().items()}
 
 
+def _torch_logprobs(init: Path, temperature: float) -> torch.Tensor:
+    """The torch engine's log-probs of `_hot_batch` on the initial weights."""
+    from transformers import AutoModelForCausalLM
+
+    from envace.train.engine import TorchEngine
+
+    engine = TorchEngine(AutoModelForCausalLM.from_pretrained(str(init)), LR)
+    with torch.no_grad():
+        return engine.logprobs(_hot_batch(0, temperature))
+
+
 @pytest.mark.slow
 def test_zero2_zero3_two_ranks_match_torch_engine_and_resume_exactly(
     init_checkpoint: Path, tmp_path: Path
@@ -231,7 +252,13 @@ def test_zero2_zero3_two_ranks_match_torch_engine_and_resume_exactly(
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads((tmp_path / "results.json").read_text())
+    at_half, at_one = _torch_logprobs(init_checkpoint, 0.5), _torch_logprobs(init_checkpoint, 1.0)
+    assert (at_half - at_one).abs().max() > 0.1  # the temperature changes them
     for name in VARIANTS:
+        # the engine scores at the rows' sampling temperature (logits / T), as the torch one
+        torch.testing.assert_close(
+            torch.tensor(results[name]["logprobs_t05"]), at_half, rtol=1e-4, atol=1e-5
+        )
         lora = name.endswith("lora")
         expected, expected_weights = _torch_reference(init_checkpoint, lora)
         got = results[name]

@@ -114,3 +114,19 @@ def test_a_token_budget_splits_the_micro_batches_not_the_update(tmp_path: Path) 
     assert loss_tokens == pytest.approx(loss_rows, abs=1e-6)
     for k, v in by_rows.items():
         torch.testing.assert_close(by_tokens[k], v, rtol=0, atol=1e-4)  # Adam: rounding
+
+
+def test_the_update_scores_rows_at_the_temperature_they_were_sampled_at(tmp_path: Path) -> None:
+    """Rows sampled at `rollout.temperature` 0.7 are scored by the update at 0.7 (logits / T,
+    as verl's actor): its log-probs equal those the rollout recorded, where an update at
+    temperature 1 (what it did before) is far from them."""
+    cool = load_config(None, [*MICRO, "train.micro_batch_rows=2", "rollout.temperature=0.7"])
+    warm = load_config(None, [*MICRO, "train.micro_batch_rows=2"])
+    model, tok, splits, rows = _signed_rows(cool, tmp_path)
+    assert rows and all(r.trainable for r in rows if r.advantage is not None)
+    at_07, _ = _trainer(cool, copy.deepcopy(model), tok, splits.train)
+    at_1, _ = _trainer(warm, copy.deepcopy(model), tok, splits.train)
+    same = at_07.update(rows)["policy/rollout_logprob_diff"]
+    other = at_1.update(rows)["policy/rollout_logprob_diff"]
+    assert same < 1e-5, same
+    assert other > 100 * max(same, 1e-6), (same, other)
