@@ -219,15 +219,15 @@ def _torch_reference(init: Path, lora: bool) -> tuple[list[list[float]], dict[st
     return metrics, {k: v.detach().clone() for k, v in engine.full_state_dict().items()}
 
 
-def _torch_logprobs(init: Path, temperature: float) -> torch.Tensor:
-    """The torch engine's log-probs of `_hot_batch` on the initial weights."""
+def _torch_logprobs(init: Path, *temperatures: float) -> list[torch.Tensor]:
+    """The torch engine's log-probs of `_hot_batch` on the initial weights, per temperature."""
     from transformers import AutoModelForCausalLM
 
     from envace.train.engine import TorchEngine
 
     engine = TorchEngine(AutoModelForCausalLM.from_pretrained(str(init)), LR)
     with torch.no_grad():
-        return engine.logprobs(_hot_batch(0, temperature))
+        return [engine.logprobs(_hot_batch(0, t)) for t in temperatures]
 
 
 @pytest.mark.slow
@@ -252,7 +252,7 @@ def test_zero2_zero3_two_ranks_match_torch_engine_and_resume_exactly(
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    at_half, at_one = _torch_logprobs(init_checkpoint, 0.5), _torch_logprobs(init_checkpoint, 1.0)
+    at_half, at_one = _torch_logprobs(init_checkpoint, 0.5, 1.0)
     assert (at_half - at_one).abs().max() > 0.1  # the temperature changes them
     for name in VARIANTS:
         # the engine scores at the rows' sampling temperature (logits / T), as the torch one
