@@ -388,7 +388,6 @@ class RLTrainer:
         """This rank's micro-batches of `train_rows` (all ranks' rows), their weights in the
         loss, in the token-mean stats and in ECHO's observation loss, and the batch's counts."""
         generations = sum(len(r.spans) for r in train_rows)
-        agg = self.cfg.algo.loss_agg_mode
         rank, world = self.dist.rank, self.dist.world_size
         # Length-sorted before the round-robin split, so every rank gets a similar token load.
         ordered = sorted(train_rows, key=lambda r: r.length)
@@ -413,10 +412,9 @@ class RLTrainer:
         token_weights = [world * mb.num_tokens / max(total_tokens, 1.0) for mb in mbs]
         weights = (
             [world * mb.num_generations / generations for mb in mbs]
-            if agg == "seq-mean-token-mean"
+            if self.cfg.algo.loss_agg_mode == "seq-mean-token-mean"
             else list(token_weights)
         )
-        real = len(mbs)
         filler = mbs[0] if mbs else make_micro_batches(ordered[:1], 1, learner.pad_id)[0].to(device)
         missing = int(all_reduce_max(len(mbs))) - len(mbs)
         stats = {
@@ -433,7 +431,7 @@ class RLTrainer:
             weights + [0.0] * missing,
             token_weights + [0.0] * missing,
             env_weights + [0.0] * missing,
-            real,
+            len(mbs),
             stats,
         )
 
