@@ -114,6 +114,11 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # from the tail of a 135 M model's distribution, samples closer to the greedy policy the
     # evaluation runs; fewer distinct rollouts per group. 0.7 untuned
     "masked_t07": ("algo.mask_sim_errors=true", "rollout.temperature=0.7"),
+    # masking with only the caller's rows trained: the simulator role still rehearses every
+    # tool result, but its rows (scored by the task's success, not by faithfulness) take no
+    # gradient. Is the simulator rows' update what makes the shared weights' rehearsals slip
+    # after the first iteration (more malformed results, lower fidelity)?
+    "masked_caller": ("algo.mask_sim_errors=true", "algo.train_roles=caller"),
     "high_lr": ("train.lr=1e-4",),
     # high_lr (chosen on validation tasks, 2026-12-04) with more optimizer steps per rollout,
     # or with larger GRPO groups of the same 16 episodes an iteration

@@ -221,6 +221,14 @@ def test_mode_settings() -> None:
         0.7,
         0.0,  # the evaluation is never changed
     )
+    caller = bench.mode_config(
+        load_config(ROOT / "configs" / "local.yaml", UNMASK), "masked_caller"
+    )
+    assert (caller.algo.mask_sim_errors, caller.algo.train_roles, caller.rollout.mode) == (
+        True,
+        "caller",
+        "rehearsal",  # the simulator role still writes every tool result
+    )
 
 
 def test_a_sitting_of_some_seeds_keeps_the_others_in_the_headline() -> None:
