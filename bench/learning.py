@@ -119,6 +119,12 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # gradient. Is the simulator rows' update what makes the shared weights' rehearsals slip
     # after the first iteration (more malformed results, lower fidelity)?
     "masked_caller": ("algo.mask_sim_errors=true", "algo.train_roles=caller"),
+    # a control, not a lever: the method's iterations with a step far below a float32 weight's
+    # precision (lr 1e-12; the config needs lr > 0), so every iteration rolls out the warm start
+    # itself on that iteration's tasks: do the rehearsals of iteration 2 slip because of the
+    # first update, or because iteration 2's tasks are harder? (its evaluation must equal the
+    # warm start's)
+    "no_step": ("train.lr=1e-12",),
     "high_lr": ("train.lr=1e-4",),
     # high_lr (chosen on validation tasks, 2026-12-04) with more optimizer steps per rollout,
     # or with larger GRPO groups of the same 16 episodes an iteration

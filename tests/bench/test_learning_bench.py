@@ -229,6 +229,7 @@ def test_mode_settings() -> None:
         "caller",
         "rehearsal",  # the simulator role still writes every tool result
     )
+    assert bench.mode_config(local, "no_step").train.lr == 1e-12
 
 
 def test_a_sitting_of_some_seeds_keeps_the_others_in_the_headline() -> None:
